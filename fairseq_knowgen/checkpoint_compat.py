@@ -1,0 +1,51 @@
+"""Let torch >= 2.6's weights-only ``torch.load`` read fairseq checkpoints.
+
+Since torch 2.6, ``torch.load`` defaults to ``weights_only=True`` and refuses any pickled
+global that is not allow-listed. fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``
+calls ``torch.load`` without the argument, so ``fairseq-generate --path`` and
+``fairseq-train --restore-file`` fail on the ``argparse.Namespace`` that fairseq (and every
+released BART / RoBERTa checkpoint) stores under ``"args"``.
+
+Importing this package allow-lists exactly the non-tensor types that fairseq checkpoints
+hold, via ``torch.serialization.add_safe_globals``. Weights-only loading stays on for
+everything else: we never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` nor pass
+``weights_only=False``.
+
+What fairseq puts in a checkpoint (``Trainer.state_dict``): tensors, plain containers,
+numbers and strings, ``argparse.Namespace`` (legacy ``"args"``), and in
+``extra_state["metrics"]`` the meter states, whose numbers may be NumPy scalars.
+"""
+import argparse
+
+import numpy as np
+import torch
+
+
+def fairseq_checkpoint_globals():
+    """The types (besides tensors and builtins) found in fairseq checkpoints.
+
+    - ``argparse.Namespace``: the legacy ``"args"`` and the model config under ``"cfg"``;
+    - NumPy arrays (``_reconstruct``, ``ndarray``, ``dtype``): meter states, e.g. the BLEU
+      n-gram counts logged by ``--eval-bleu``;
+    - NumPy scalars (``scalar``): meter sums that were NumPy numbers.
+    """
+    try:  # numpy >= 2 moved the pickling helpers to numpy._core
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+    # an array or scalar pickles its dtype as an instance of a per-type class (Int64DType...)
+    dtype_classes = [type(np.dtype(t)) for t in _NUMERIC_DTYPES]
+    return [argparse.Namespace, _reconstruct, scalar, np.ndarray, np.dtype] + dtype_classes
+
+
+_NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
+
+
+def allow_fairseq_checkpoints():
+    """Register :func:`fairseq_checkpoint_globals` with torch's weights-only unpickler."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:  # torch < 2.4 loads full pickles by default and needs nothing
+        add(fairseq_checkpoint_globals())
+
+
+allow_fairseq_checkpoints()

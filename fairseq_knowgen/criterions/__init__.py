@@ -1,0 +1,1 @@
+"""criterions of fairseq-knowgen (imported for registration)."""

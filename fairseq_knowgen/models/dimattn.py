@@ -1,0 +1,143 @@
+"""Transformer and BART with diminishing attention in the decoder's cross-attention.
+
+Architectures (``--arch``):
+
+- ``transformer_dimattn``: fairseq's ``transformer`` (same defaults) with DimAttn/DyDimAttn
+  in the cross-attention of the decoder layers named by ``--dimattn-layers`` (default the
+  last, as the paper does for machine translation);
+- ``bart_dimattn_base`` / ``bart_dimattn_large``: BART with the same change, fine-tuned
+  from a fairseq BART checkpoint. Diminishing attention adds no parameters, so the
+  checkpoint loads as it is::
+
+      fairseq-train DATA --user-dir fairseq_knowgen --arch bart_dimattn_large \\
+          --restore-file bart.large/model.pt --reset-optimizer --reset-dataloader \\
+          --reset-meters --reset-lr-scheduler ...
+
+The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
+"""
+from typing import List
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.bart import BARTModel
+from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
+from fairseq.models.transformer import TransformerModel, base_architecture
+
+from ..modules.diminishing_attention import (
+    CONCAVE_CHOICES,
+    DiminishingMultiheadAttention,
+    parse_concave,
+)
+
+
+def add_dimattn_args(parser):
+    parser.add_argument("--dimattn-type", choices=["dim", "dydim"],
+                        help="DimAttn (Eq. 4) or dynamic DyDimAttn (Eq. 5)")
+    parser.add_argument("--dimattn-g", type=str, metavar="G",
+                        help=f"concave g (g1 for dydim): {CONCAVE_CHOICES}")
+    parser.add_argument("--dimattn-g2", type=str, metavar="G",
+                        help="dydim only: the slower-diminishing g2 (g2' >= g1')")
+    parser.add_argument("--dimattn-normalize", action="store_true",
+                        help="renormalize the diminishing weights to sum to 1 (the paper: no)")
+    parser.add_argument("--dimattn-layers", type=str, metavar="L",
+                        help="decoder layers with diminishing cross-attention: 'all' or a "
+                             "comma list of indices, negative from the end (default: -1)")
+
+
+def dimattn_defaults(args):
+    args.dimattn_type = getattr(args, "dimattn_type", None) or "dim"
+    args.dimattn_g = getattr(args, "dimattn_g", None) or "log"
+    args.dimattn_g2 = getattr(args, "dimattn_g2", None) or "identity"
+    args.dimattn_normalize = getattr(args, "dimattn_normalize", False)
+    args.dimattn_layers = getattr(args, "dimattn_layers", None) or "-1"
+
+
+def parse_layers(spec: str, num_layers: int) -> List[int]:
+    """``all`` or comma-separated indices (negative count from the end) -> sorted indices."""
+    if spec == "all":
+        return list(range(num_layers))
+    try:
+        idx = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--dimattn-layers: expected 'all' or integers, got {spec!r}") from None
+    out = set()
+    for i in idx:
+        if not -num_layers <= i < num_layers:
+            raise ValueError(f"--dimattn-layers: layer {i} out of range for {num_layers} layers")
+        out.add(i % num_layers)
+    return sorted(out)
+
+
+def install_diminishing_attention(decoder, args):
+    """Replace the cross-attention of the chosen decoder layers by diminishing attention.
+
+    The new module has exactly the parameters of the one it replaces (so nothing is left
+    without a gradient under DDP, and pretrained weights load into it).
+    """
+    parse_concave(args.dimattn_g)  # fail early on a bad spec
+    if args.dimattn_type == "dydim":
+        parse_concave(args.dimattn_g2)
+    for i in parse_layers(args.dimattn_layers, len(decoder.layers)):
+        old = decoder.layers[i].encoder_attn
+        if old is None:
+            raise ValueError("diminishing attention needs decoder cross-attention")
+        decoder.layers[i].encoder_attn = DiminishingMultiheadAttention(
+            old.embed_dim,
+            old.num_heads,
+            dim_type=args.dimattn_type,
+            g=args.dimattn_g,
+            g2=args.dimattn_g2,
+            normalize=args.dimattn_normalize,
+            kdim=old.kdim,
+            vdim=old.vdim,
+            dropout=old.dropout_module.p,
+            bias=old.k_proj.bias is not None,
+        )
+    return decoder
+
+
+@register_model("transformer_dimattn")
+class DimAttnTransformerModel(TransformerModel):
+    """Transformer with diminishing cross-attention (Sim et al.); see module docstring."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        add_dimattn_args(parser)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
+        return install_diminishing_attention(decoder, args)
+
+
+@register_model("bart_dimattn")
+class DimAttnBARTModel(BARTModel):
+    """BART with diminishing cross-attention, fine-tuned from a BART checkpoint."""
+
+    @staticmethod
+    def add_args(parser):
+        BARTModel.add_args(parser)
+        add_dimattn_args(parser)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
+        return install_diminishing_attention(decoder, args)
+
+
+@register_model_architecture("transformer_dimattn", "transformer_dimattn")
+def transformer_dimattn_architecture(args):
+    dimattn_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("bart_dimattn", "bart_dimattn_base")
+def bart_dimattn_base_architecture(args):
+    dimattn_defaults(args)
+    bart_base_architecture(args)
+
+
+@register_model_architecture("bart_dimattn", "bart_dimattn_large")
+def bart_dimattn_large_architecture(args):
+    dimattn_defaults(args)
+    bart_large_architecture(args)

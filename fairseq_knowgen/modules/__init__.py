@@ -1,0 +1,1 @@
+"""modules of fairseq-knowgen (imported for registration)."""

@@ -1,0 +1,237 @@
+"""Diminishing attention (DimAttn) and dynamic diminishing attention (DyDimAttn).
+
+Sim et al., "Resurrecting Submodularity for Neural Text Generation" (paper text in
+``shared/seeds/diminishing_attention.txt``). For every cross-attention head, with raw
+attention probabilities a_i^t over source positions i at target step t:
+
+- coverage, up to *and including* the current step (the paper's footnote 1)::
+
+      c_i^t = sum_{t'=0..t} a_i^{t'}
+
+- submodular coverage (Eq. 3), g concave and non-decreasing, b = -g(0)::
+
+      F(A_i^t) = g(c_i^t) + b
+
+- diminishing attention (Eq. 4), the weight of encoder state i in the context at step t::
+
+      DimAttn_i^t = F(A_i^t) - F(A_i^{t-1}) = g(c_i^t) - g(c_i^{t-1})
+
+  Summed over all steps it telescopes to g(c_i^T) - g(0): the *effective* coverage is
+  submodular, and the same raw attention buys less the more a state is already covered.
+
+- dynamic diminishing attention (Eq. 5), with g1 diminishing faster than g2 (g1' <= g2')::
+
+      P_i^t = max_{t' <= t-1} a_i^{t'}          (0 at t = 0)
+      DyDimAttn_i^t = P_i^t * DimAttn_i^t[g1] + (1 - P_i^t) * DimAttn_i^t[g2]
+
+Choices the text leaves open, each a flag of the architectures:
+
+- normalization: the paper's form is unnormalized (weights sum to less than 1 once a state
+  is covered); ``normalize=True`` divides the weights by their sum over source positions;
+- dropout: coverage is accumulated from the raw (pre-dropout) probabilities and dropout is
+  applied to the final weights, so that training noise does not leak into the coverage;
+- defaults: DimAttn uses g = log(x+1); DyDimAttn uses g1 = log(x+1) and g2 = x (whose
+  derivative 1 bounds log's 1/(x+1) from above at every x >= 0, as the paper requires).
+
+Training computes all steps at once with a cumulative sum and a cumulative max over target
+time; incremental decoding keeps the running coverage c^{t-1} and running max per
+(sentence x beam, head, source position) in fairseq's incremental state, so that every
+step costs the same however many steps came before.
+"""
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+
+def parse_concave(spec: str) -> Callable[[Tensor], Tensor]:
+    """A concave non-decreasing g from its name.
+
+    ``log``: log(x+1); ``sqrt``: sqrt(x+1); ``pow:P``: (x+1)^P with 0 < P < 1;
+    ``identity``: x (linear: reproduces standard attention, for ablations and tests).
+    """
+    if spec == "log":
+        return torch.log1p
+    if spec == "sqrt":
+        return lambda x: torch.sqrt(x + 1.0)
+    if spec == "identity":
+        return lambda x: x
+    if spec.startswith("pow:"):
+        p = float(spec[4:])
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"g = (x+1)^p needs 0 < p < 1, got {spec!r}")
+        return lambda x: torch.pow(x + 1.0, p)
+    raise ValueError(f"unknown concave function {spec!r}: use log, sqrt, pow:P or identity")
+
+
+CONCAVE_CHOICES = "log, sqrt, pow:P (0<P<1), identity"
+
+
+def diminishing_weights(
+    probs: Tensor,
+    g: Callable[[Tensor], Tensor],
+    g2: Optional[Callable[[Tensor], Tensor]] = None,
+    prev_coverage: Optional[Tensor] = None,
+    prev_max: Optional[Tensor] = None,
+    normalize: bool = False,
+    eps: float = 1e-9,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Diminishing (g2 None) or dynamic diminishing (g2 given) attention weights.
+
+    Args:
+        probs: raw attention probabilities a, ``N x T x S`` (N = batch x heads).
+        g, g2: concave functions; with ``g2`` the weights are DyDimAttn with g1 = ``g``.
+        prev_coverage: c^{t0-1} before the first of these T steps, ``N x 1 x S`` (None: 0).
+        prev_max: max of a over all steps before them, ``N x 1 x S`` (None: 0).
+        normalize: divide the weights by their sum over S.
+
+    Returns:
+        weights ``N x T x S``, the coverage after the last step ``N x 1 x S`` and the
+        running max after the last step ``N x 1 x S`` (the next call's ``prev_*``).
+    """
+    cov = probs.cumsum(dim=1)  # c^t, inclusive of step t
+    if prev_coverage is not None:
+        cov = cov + prev_coverage
+    cov_before = (cov - probs).clamp_min(0.0)  # c^{t-1}
+    dim = g(cov) - g(cov_before)  # Eq. 4
+    run_max = probs.cummax(dim=1).values  # max over t' <= t
+    if prev_max is not None:
+        run_max = torch.maximum(run_max, prev_max)
+    if g2 is not None:
+        # P^t = max over t' <= t-1: the inclusive running max shifted by one step (Eq. 5)
+        first = prev_max if prev_max is not None else torch.zeros_like(run_max[:, :1])
+        p = torch.cat([first, run_max[:, :-1]], dim=1)
+        dim = p * dim + (1.0 - p) * (g2(cov) - g2(cov_before))
+    if normalize:
+        dim = dim / (dim.sum(dim=-1, keepdim=True) + eps)
+    return dim, cov[:, -1:], run_max[:, -1:]
+
+
+class DiminishingMultiheadAttention(MultiheadAttention):
+    """Encoder-decoder multi-head attention whose context uses diminishing weights.
+
+    A drop-in replacement for fairseq's encoder-decoder ``MultiheadAttention``: the same
+    parameters (so BART / transformer checkpoints load into it unchanged), the same cached
+    keys and values during incremental decoding; only the weights that mix the values
+    differ (see the module docstring). The attention weights it returns (when asked) are
+    the diminishing weights it used.
+
+    Args (besides MultiheadAttention's):
+        dim_type: ``dim`` (DimAttn, Eq. 4) or ``dydim`` (DyDimAttn, Eq. 5).
+        g: concave function (g1 for ``dydim``), see :func:`parse_concave`.
+        g2: the slower-diminishing function of ``dydim``.
+        normalize: renormalize the weights to sum to 1 over source positions.
+    """
+
+    def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="identity",
+                 normalize=False, **kwargs):
+        kwargs["encoder_decoder_attention"] = True
+        super().__init__(embed_dim, num_heads, **kwargs)
+        if dim_type not in ("dim", "dydim"):
+            raise ValueError(f"dim_type must be 'dim' or 'dydim', got {dim_type!r}")
+        self.dim_type, self.g_spec, self.g2_spec = dim_type, g, g2
+        self.g = parse_concave(g)
+        self.g2 = parse_concave(g2) if dim_type == "dydim" else None
+        self.normalize = normalize
+
+    def extra_repr(self):
+        g2 = f", g2={self.g2_spec}" if self.g2 is not None else ""
+        return f"type={self.dim_type}, g={self.g_spec}{g2}, normalize={self.normalize}"
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = True,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query: ``T x B x C``; key/value: ``S x B x C`` (None once cached).
+
+        Returns the attention output ``T x B x C`` and, with ``need_weights``, the
+        diminishing weights ``B x T x S`` (``H x B x T x S`` with ``need_head_weights``).
+        """
+        if attn_mask is not None or before_softmax:
+            raise ValueError("diminishing attention is encoder-decoder attention: no attn_mask")
+        tgt_len, bsz, _ = query.size()
+        # the parent projects q, k, v, reads/writes the cached keys and values, masks padding
+        logits, v = super().forward(
+            query, key, value, key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state, static_kv=True, before_softmax=True,
+        )  # logits: (B*H) x T x S; v: (kv_bsz*H) x S x d
+        probs = F.softmax(logits.float(), dim=-1)
+        src_len = probs.size(-1)
+        probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
+
+        state = self._get_coverage_state(incremental_state)
+        weights, cov, run_max = diminishing_weights(
+            probs, self.g, self.g2, state.get("coverage"), state.get("max"), self.normalize
+        )
+        if incremental_state is not None:
+            self._set_coverage_state(incremental_state, {"coverage": cov, "max": run_max})
+        weights = weights.type_as(logits)
+        attn = self._mix_values(self.dropout_module(weights), v, bsz, tgt_len)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
+        attn = self.out_proj(attn)
+
+        out_weights: Optional[Tensor] = None
+        if need_weights:
+            out_weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+            if not need_head_weights:
+                out_weights = out_weights.mean(dim=0)
+        return attn, out_weights
+
+    def _mix_values(self, weights: Tensor, v: Tensor, bsz: int, tgt_len: int) -> Tensor:
+        """weights (B*H) x T x S times values; values may be shared by the beams of a
+        sentence (fairseq stores them once per sentence when ``beam_size`` is set)."""
+        kv_bsz = v.size(0) // self.num_heads
+        if kv_bsz == bsz:
+            return torch.bmm(weights, v)
+        w = weights.view(kv_bsz, -1, self.num_heads, tgt_len, weights.size(-1))
+        out = torch.einsum("bxhts,bhsd->bxhtd", w, v.view(kv_bsz, self.num_heads, -1, self.head_dim))
+        return out.reshape(-1, tgt_len, self.head_dim)
+
+    def _get_coverage_state(self, incremental_state) -> Dict[str, Tensor]:
+        if incremental_state is None:
+            return {}
+        state = self.get_incremental_state(incremental_state, "coverage_state")
+        return {k: v for k, v in (state or {}).items() if v is not None}
+
+    def _set_coverage_state(self, incremental_state, state: Dict[str, Tensor]):
+        self.set_incremental_state(incremental_state, "coverage_state", state)
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Reorder cached keys/values (parent) and the per-hypothesis coverage state.
+
+        The coverage differs between the beams of one sentence, so unlike the cached
+        encoder keys it is always reordered with ``new_order`` itself.
+        """
+        super().reorder_incremental_state(incremental_state, new_order)
+        state = self.get_incremental_state(incremental_state, "coverage_state")
+        if state is not None:
+            heads = self.num_heads
+            for k, t in state.items():
+                if t is not None:
+                    t = t.view(-1, heads, *t.shape[1:]).index_select(0, new_order)
+                    state[k] = t.view(-1, *t.shape[2:])
+            self.set_incremental_state(incremental_state, "coverage_state", state)
+        return incremental_state
+
+
+def coverage_entropy_tensor(coverage: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """Entropy of normalized final coverage per row (``... x S``), padding masked out."""
+    if mask is not None:
+        coverage = coverage.masked_fill(mask, 0.0)
+    p = coverage / coverage.sum(-1, keepdim=True).clamp_min(1e-12)
+    return -(p * torch.log(p.clamp_min(1e-12))).sum(-1)
+
+
+__all__ = ["DiminishingMultiheadAttention", "diminishing_weights", "parse_concave", "CONCAVE_CHOICES"]

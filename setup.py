@@ -1,0 +1,24 @@
+"""fairseq-knowgen: knowledge and content control for neural text generation, as a fairseq plugin.
+
+Install with ``bash scripts/setup_env.sh`` (creates ``.venv/``); that script pins torch and
+installs fairseq-fixed without its dependencies, which is why ``install_requires`` leaves out
+fairseq and torch: pip must never resolve a second torch.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-knowgen",
+    version="0.1.0",
+    description="Knowledge-aware text generation methods as registered fairseq components",
+    packages=find_packages(include=["fairseq_knowgen", "fairseq_knowgen.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "sacremoses",
+        "subword-nmt",
+        "sacrebleu>=2.0",
+        "rouge-score",
+        "pycocoevalcap",
+        "simplemma",
+    ],
+    entry_points={"console_scripts": ["knowgen-evaluate=fairseq_knowgen.evaluation.cli:main"]},
+)

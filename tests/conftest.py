@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny data made by the tests themselves, and fairseq CLI runners."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TINY_MODEL = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+TRAIN_COMMON = [
+    "--user-dir", "fairseq_knowgen", "--cpu", "--seed", "1",
+    "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000",
+    "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints",
+]
+
+
+def run_cli(tool, *args, check=True, timeout=600, env=None):
+    """Run a fairseq-* entry point (or a python script) from the repository root."""
+    cmd = [os.path.join(BIN, tool)] if tool.startswith("fairseq-") else [sys.executable, tool]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory):
+    from fairseq_knowgen.demo_data import make_dataset
+
+    out = tmp_path_factory.mktemp("raw")
+    make_dataset(str(out), train=200, valid=24, test=24, seed=3)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bin(tiny_raw, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bin")
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+            "--joined-dictionary", "--trainpref", tiny_raw / "train", "--validpref",
+            tiny_raw / "valid", "--testpref", tiny_raw / "test", "--destdir", out, "--workers", "1")
+    return out

@@ -89,21 +89,31 @@ def diminishing_weights(
 
     Returns:
         weights ``N x T x S``, the coverage after the last step ``N x 1 x S`` and the
-        running max after the last step ``N x 1 x S`` (the next call's ``prev_*``).
+        running max after the last step ``N x 1 x S`` (the next call's ``prev_*``; None
+        for DimAttn, which does not need it).
     """
-    cov = probs.cumsum(dim=1)  # c^t, inclusive of step t
-    if prev_coverage is not None:
-        cov = cov + prev_coverage
-    cov_before = (cov - probs).clamp_min(0.0)  # c^{t-1}
+    if probs.size(1) == 1:  # one step (incremental decoding): no scan over time needed
+        one_step = True
+        cov_before = prev_coverage if prev_coverage is not None else torch.zeros_like(probs)
+        cov = cov_before + probs  # c^t = c^{t-1} + a^t
+    else:
+        one_step = False
+        cov = probs.cumsum(dim=1)  # c^t, inclusive of step t
+        if prev_coverage is not None:
+            cov = cov + prev_coverage
+        cov_before = (cov - probs).clamp_min(0.0)  # c^{t-1} (clamp: rounding below 0)
     dim = g(cov) - g(cov_before)  # Eq. 4
-    run_max = probs.cummax(dim=1).values  # max over t' <= t
+    if g2 is None:  # DimAttn needs no running max
+        if normalize:
+            dim = dim / (dim.sum(dim=-1, keepdim=True) + eps)
+        return dim, cov[:, -1:], None
+    run_max = probs if one_step else probs.cummax(dim=1).values  # max over t' <= t
     if prev_max is not None:
         run_max = torch.maximum(run_max, prev_max)
-    if g2 is not None:
-        # P^t = max over t' <= t-1: the inclusive running max shifted by one step (Eq. 5)
-        first = prev_max if prev_max is not None else torch.zeros_like(run_max[:, :1])
-        p = torch.cat([first, run_max[:, :-1]], dim=1)
-        dim = p * dim + (1.0 - p) * (g2(cov) - g2(cov_before))
+    # P^t = max over t' <= t-1: the inclusive running max shifted by one step (Eq. 5)
+    first = prev_max if prev_max is not None else torch.zeros_like(run_max[:, :1])
+    p = first if one_step else torch.cat([first, run_max[:, :-1]], dim=1)
+    dim = p * dim + (1.0 - p) * (g2(cov) - g2(cov_before))
     if normalize:
         dim = dim / (dim.sum(dim=-1, keepdim=True) + eps)
     return dim, cov[:, -1:], run_max[:, -1:]
@@ -168,7 +178,8 @@ class DiminishingMultiheadAttention(MultiheadAttention):
         )  # logits: (B*H) x T x S; v: (kv_bsz*H) x S x d
         probs = F.softmax(logits.float(), dim=-1)
         src_len = probs.size(-1)
-        probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
+        if incremental_state is None:
+            probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
 
         state = self._get_coverage_state(incremental_state)
         weights, cov, run_max = diminishing_weights(

@@ -1,0 +1,152 @@
+"""Speed and memory of an architecture against fairseq's ``transformer`` of the same size.
+
+``scripts/benchmark.py`` is the command line. Both models train and decode the same data
+in separate worker processes (so each has its own peak RSS), interleaved A B B A ... so
+that a slow period of the machine hits both, with one thread each (``OMP_NUM_THREADS=1``).
+Reported ratios are arch / baseline: 1.0 is parity, higher is faster.
+
+Every architecture of this package has a :data:`PROFILES` entry with the task, criterion
+and extra arguments it needs, so ``--arch NAME`` alone is enough.
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+BASELINE = "transformer"
+
+# arch -> how to train it: task, criterion, extra arguments (model flags of that arch)
+PROFILES: Dict[str, Dict] = {
+    "transformer": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
+    "transformer_dimattn": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
+    "bart_dimattn_base": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
+    "bart_dimattn_large": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
+}
+
+
+def size_args(layers: int, dim: int, heads: int) -> List[str]:
+    return ["--encoder-layers", str(layers), "--decoder-layers", str(layers),
+            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
+            "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
+            "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads)]
+
+
+def make_synthetic_data(workdir: str, n_train: int, n_valid: int) -> str:
+    """The built-in triples-to-text data set, binarized with a joined dictionary."""
+    from .demo_data import make_dataset
+
+    raw, out = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
+    make_dataset(raw, train=n_train, valid=n_valid, test=n_valid, seed=7)
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
+                    "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
+                    "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid",
+                    "--destdir", out, "--workers", "1"], check=True, capture_output=True)
+    return out
+
+
+def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents: int,
+           max_tokens: int, beam: int, gen_len: int = 20) -> Dict:
+    """Train ``updates`` steps and decode ``gen_sents`` valid sentences; return timings."""
+    import torch
+
+    torch.set_num_threads(1)
+    import fairseq_knowgen  # noqa: F401
+    from fairseq import options, tasks
+    from fairseq.dataclass.configs import GenerationConfig
+
+    prof = PROFILES[arch]
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        data, "--task", prof["task"], "--arch", arch, "--criterion", prof["criterion"], "--cpu",
+        "--seed", "1", "--max-tokens", str(max_tokens), *prof["extra"], *model_args])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    model, criterion = task.build_model(args), task.build_criterion(args)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, seed=1,
+                                      ignore_invalid_inputs=True).next_epoch_itr(shuffle=True)
+    batches = list(batches)
+
+    def step(sample):
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return sample["ntokens"]
+
+    model.train()
+    for i in range(3):  # warm-up, not timed
+        step(batches[i % len(batches)])
+    words, t0 = 0, time.perf_counter()
+    for i in range(updates):
+        words += step(batches[(i + 3) % len(batches)])
+    train_s = time.perf_counter() - t0
+
+    model.eval()
+    # an untrained model would stop at once: fix the output length so both models decode
+    # the same number of steps (a typical sentence length of the data sets here)
+    generator = task.build_generator(
+        [model], GenerationConfig(beam=beam, min_len=gen_len, max_len_a=0, max_len_b=gen_len))
+    gen_batches = list(task.get_batch_iterator(task.dataset("valid"), max_sentences=32,
+                                               ignore_invalid_inputs=True).next_epoch_itr(shuffle=False))
+    with torch.no_grad():
+        task.inference_step(generator, [model], gen_batches[0])  # warm-up
+        sents, t0 = 0, time.perf_counter()
+        for b in gen_batches:
+            if sents >= gen_sents:
+                break
+            task.inference_step(generator, [model], b)
+            sents += b["nsentences"]
+        gen_s = time.perf_counter() - t0
+    return {"arch": arch, "train_words": words, "train_s": train_s, "gen_sents": sents,
+            "gen_s": gen_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_worker_process(script: str, arch: str, opts) -> Dict:
+    cmd = [sys.executable, script, "--worker", "--arch", arch, "--data", opts.data,
+           "--updates", str(opts.updates), "--gen-sents", str(opts.gen_sents),
+           "--max-tokens", str(opts.max_tokens), "--beam", str(opts.beam), "--gen-len", str(opts.gen_len),
+           "--layers", str(opts.layers), "--embed-dim", str(opts.embed_dim), "--heads", str(opts.heads)]
+    if opts.model_args:
+        cmd += ["--model-args", opts.model_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker for {arch} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare(script: str, opts) -> Dict:
+    """Interleave workers A B B A (x rounds/2) and return the summary dict."""
+    own_tmp = None
+    if not opts.data:
+        own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
+        opts.data = make_synthetic_data(own_tmp.name, opts.n_train, opts.n_valid)
+    runs = {"arch": [], "base": []}
+    order = []
+    for r in range(opts.rounds):
+        order += ["arch", "base"] if r % 2 == 0 else ["base", "arch"]
+    for role in order:
+        res = run_worker_process(script, opts.arch if role == "arch" else BASELINE, opts)
+        runs[role].append(res)
+        print(json.dumps(res), file=sys.stderr)
+    if own_tmp is not None:
+        own_tmp.cleanup()
+
+    def rates(rs):
+        return (sum(r["train_words"] for r in rs) / sum(r["train_s"] for r in rs),
+                sum(r["gen_sents"] for r in rs) / sum(r["gen_s"] for r in rs),
+                max(r["peak_rss_mb"] for r in rs))
+
+    a_wps, a_sps, a_rss = rates(runs["arch"])
+    b_wps, b_sps, b_rss = rates(runs["base"])
+    return {"arch": opts.arch, "train_wps_ratio": round(a_wps / b_wps, 4),
+            "generate_sents_per_s_ratio": round(a_sps / b_sps, 4),
+            "peak_rss_mb": round(a_rss, 1), "baseline_peak_rss_mb": round(b_rss, 1),
+            "train_wps": round(a_wps, 1), "baseline_train_wps": round(b_wps, 1),
+            "beam": opts.beam, "rounds": opts.rounds}

@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Train and decode ``--arch`` and fairseq's ``transformer`` of the same size, interleaved,
+and print one final JSON line of ratios (arch / baseline; 1.0 is parity, higher is faster)::
+
+    python scripts/benchmark.py --arch transformer_dimattn            # ~4 minutes
+    python scripts/benchmark.py --arch transformer_dimattn --quick    # < 60 s on 2 cores
+    python scripts/benchmark.py --arch transformer_dimattn --data data-bin/webnlg
+
+Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
+fairseq data directory with ``train`` and ``valid`` splits. One thread per process.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from fairseq_knowgen import benchmarking  # noqa: E402
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", required=True, choices=sorted(benchmarking.PROFILES))
+    p.add_argument("--quick", action="store_true", help="small workload: under a minute on 2 cores")
+    p.add_argument("--data", help="binarized data directory (default: synthetic)")
+    p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers (both models)")
+    p.add_argument("--embed-dim", type=int, default=128, help="model width (ffn = 4x)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--model-args", default="", help="extra arguments for --arch only, one string")
+    p.add_argument("--updates", type=int, default=60, help="timed training updates per round")
+    p.add_argument("--gen-sents", type=int, default=200, help="sentences decoded per round")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--gen-len", type=int, default=20, help="output length every hypothesis decodes")
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--rounds", type=int, default=None, help="worker runs per model, interleaved ABBA (default 4; 2 with --quick)")
+    p.add_argument("--n-train", type=int, default=2000, help="synthetic training examples")
+    p.add_argument("--n-valid", type=int, default=200, help="synthetic valid examples")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main():
+    opts = get_parser().parse_args()
+    if opts.quick:
+        opts.updates, opts.gen_sents, opts.n_train, opts.n_valid = 20, 256, 600, 256
+    opts.rounds = opts.rounds or (2 if opts.quick else 4)
+    model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads)
+    if opts.worker:
+        if opts.arch != benchmarking.BASELINE:
+            model_args += shlex.split(opts.model_args)
+        res = benchmarking.worker(opts.arch, opts.data, model_args, opts.updates, opts.gen_sents,
+                                  opts.max_tokens, opts.beam, opts.gen_len)
+        print(json.dumps(res))
+        return
+    print(json.dumps(benchmarking.compare(os.path.abspath(__file__), opts)))
+
+
+if __name__ == "__main__":
+    main()

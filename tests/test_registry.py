@@ -1,0 +1,36 @@
+"""Every name this package registers maps to this package's class (fairseq keeps the first
+registration of a name silently, so a clash would hide our class)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fairseq_knowgen  # noqa: F401
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+OUR_ARCHS = {
+    "transformer_dimattn": "DimAttnTransformerModel",
+    "bart_dimattn_base": "DimAttnBARTModel",
+    "bart_dimattn_large": "DimAttnBARTModel",
+}
+
+
+@pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))
+def test_arch_maps_to_our_class(arch, cls):
+    model = ARCH_MODEL_REGISTRY[arch]
+    assert model.__module__.startswith("fairseq_knowgen.") and model.__name__ == cls
+
+
+def test_every_registered_model_of_ours_is_listed():
+    ours = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_knowgen.")}
+    assert ours == set(OUR_ARCHS)
+    assert all(m.__module__.startswith("fairseq_knowgen.") for n, m in MODEL_REGISTRY.items()
+               if n in {"transformer_dimattn", "bart_dimattn"})
+
+
+def test_user_dir_path_works_from_anywhere(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fairseq_knowgen.user_dir"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.isfile(os.path.join(out, "__init__.py"))
+    assert os.path.samefile(out, os.path.dirname(fairseq_knowgen.__file__))

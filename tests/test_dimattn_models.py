@@ -72,3 +72,29 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
         torch.testing.assert_close(tuned["model"][k], v, atol=1e-6, rtol=0)
     run_cli("fairseq-generate", tiny_bin, "--user-dir", "fairseq_knowgen", "--cpu",
             "--path", ft / "checkpoint_last.pt", "--beam", "5", "--batch-size", "8")
+
+
+def test_coverage_maps_telescope(tiny_bin):
+    """The maps used for plots and entropy: summed DimAttn weights = log(1 + summed raw)."""
+    from fairseq_knowgen.analysis.coverage import coverage_entropy, teacher_forced_maps
+
+    task, model, _ = build_task_and_model(tiny_bin, "transformer_dimattn", *TINY_MODEL)
+    net = first_batch(task)["net_input"]
+    maps = teacher_forced_maps(model.eval(), net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+    torch.testing.assert_close(maps["used"].sum(2), torch.log1p(maps["raw"].sum(2)), atol=1e-5, rtol=1e-5)
+    pad = task.source_dictionary.pad()
+    ent = coverage_entropy(maps["used"], net["src_tokens"].ne(pad), net["prev_output_tokens"].ne(pad))
+    n_src = net["src_tokens"].ne(pad).sum(-1).float()
+    assert (ent > 0).all() and (ent <= torch.log(n_src) + 1e-5).all()
+
+
+def test_plot_coverage_writes_png(tiny_bin, tmp_path):
+    run_cli("fairseq-train", tiny_bin, *TRAIN_COMMON, "--arch", "transformer_dimattn", *TINY_MODEL,
+            "--max-update", "2", "--save-dir", tmp_path)
+    png = tmp_path / "cov.png"
+    run_cli("scripts/plot_coverage.py", "--data", tiny_bin, "--path", tmp_path / "checkpoint_last.pt",
+            "--index", "2", "--out", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = run_cli("scripts/plot_coverage.py", "--data", tiny_bin, "--path", tmp_path / "checkpoint_last.pt",
+                  "--entropy")
+    assert '"n": 24' in out.stdout

@@ -1,0 +1,1 @@
+"""Analysis helpers (attention and coverage maps) used by scripts/plot_coverage.py."""

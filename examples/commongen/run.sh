@@ -26,59 +26,34 @@ TRAIN_ARGS=${TRAIN_ARGS:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=$ROOT/.venv/bin/python; BIN=$ROOT/.venv/bin
 RUN=$OUT/runs/$NAME
-mkdir -p "$OUT" "$RUN"
+mkdir -p "$OUT"
+. "$ROOT/examples/lib/stages.sh"
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 
 if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw"
   $PY -m fairseq_knowgen.prep.commongen --data "$DATA" --out "$OUT/raw"
 fi
-
 if stage 2; then
   echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-  mkdir -p "$OUT/bpe"
-  cat "$OUT/raw/train.src" "$OUT/raw/train.tgt" | $BIN/subword-nmt learn-bpe -s "$BPE_OPS" > "$OUT/bpe/codes"
-  for f in train.src train.tgt valid.src valid.tgt; do
-    $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" < "$OUT/raw/$f" > "$OUT/bpe/$f"
-  done
+  stage_bpe train valid
 fi
-
 if stage 3; then
   echo "== stage 3: fairseq-preprocess -> $OUT/bin"
-  rm -rf "$OUT/bin"
-  $BIN/fairseq-preprocess --source-lang src --target-lang tgt --joined-dictionary \
-    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" --destdir "$OUT/bin" --workers 2 \
-    > "$OUT/preprocess.log" 2>&1
+  stage_binarize
 fi
-
 if stage 4; then
   echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
-  # shellcheck disable=SC2086
-  $BIN/fairseq-train "$OUT/bin" --user-dir fairseq_knowgen --seed 1 \
-    --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
-    --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
-    --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
-    --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout 0.2 \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --stop-time-hours "$($PY -c "print($MINUTES / 60)")" \
-    --save-dir "$RUN/checkpoints" --no-epoch-checkpoints --no-progress-bar --log-interval 100 \
-    $TRAIN_ARGS $([ -n "$(command -v nvidia-smi)" ] || echo --cpu) 2>&1 | tee "$RUN/train.log" | grep -E "\| (train|valid) \|" || true
-  [ -f "$RUN/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $RUN/train.log"; exit 1; }
+  stage_train
 fi
-
 if stage 5; then
-  echo "== stage 5: fairseq-generate --beam $BEAM on dev -> $RUN/gen.out"
-  $BIN/fairseq-generate "$OUT/bin" --user-dir fairseq_knowgen --gen-subset valid \
-    --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
-    $([ -n "$(command -v nvidia-smi)" ] || echo --cpu) > "$RUN/gen.out" 2> "$RUN/gen.log"
+  echo "== stage 5: fairseq-generate --beam $BEAM on dev -> $RUN/valid.out"
+  stage_generate valid "$RUN/valid.out"
 fi
-
 if stage 6; then
-  echo "== stage 6: evaluate -> $RUN/scores.json"
-  $PY scripts/evaluate.py --hyp "$RUN/gen.out" --name "$NAME" --refs "$OUT/raw/valid.refs.jsonl" \
+  echo "== stage 6: evaluate -> $RUN/valid.scores.json"
+  $PY scripts/evaluate.py --hyp "$RUN/valid.out" --name "$NAME" --refs "$OUT/raw/valid.refs.jsonl" \
     --src "$OUT/raw/valid.src" --concepts "$OUT/raw/valid.concepts" --detok moses \
-    --json-out "$RUN/scores.json"
+    --json-out "$RUN/valid.scores.json"
 fi

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# WebNLG 2017: DBpedia triples -> text. Staged recipe; rerun from any stage.
+#
+#   bash examples/webnlg/run.sh [DATA_DIR] [OUT_DIR]
+#       DATA_DIR: the WebNLG folder with train/ and dev/ (default ../shared/data/webnlg)
+#       OUT_DIR:  everything this recipe writes (default work/webnlg)
+#   Splits: train (minus held-out categories), valid (= dev, seen categories),
+#           test (= heldout: training entries of HELDOUT categories, unseen by the model).
+#   Environment (all optional):
+#       STAGE=1 STOP_STAGE=6       1 prepare, 2 bpe, 3 binarize, 4 train, 5 generate (valid + heldout), 6 evaluate
+#       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system (run folder $OUT/runs/$NAME)
+#       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
+#       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM)
+#       MINUTES=30 MAX_UPDATE=0    training budget
+#       BPE_OPS=4000 (0: no BPE, word level) BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
+#   Examples:
+#       bash examples/webnlg/run.sh
+#       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DATA=$(realpath -m "${1:-$ROOT/../shared/data/webnlg}")
+OUT=$(realpath -m "${2:-$ROOT/work/webnlg}")
+STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
+NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
+LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
+MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-4000}; BEAM=${BEAM:-5}
+HELDOUT=${HELDOUT:-Astronaut,Monument,University}
+TRAIN_ARGS=${TRAIN_ARGS:-}
+cd "$ROOT"
+bash scripts/setup_env.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+RUN=$OUT/runs/$NAME
+mkdir -p "$OUT"
+. "$ROOT/examples/lib/stages.sh"
+stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
+
+if stage 1; then
+  echo "== stage 1: prepare $DATA -> $OUT/raw (held-out categories: $HELDOUT)"
+  $PY -m fairseq_knowgen.prep.webnlg --data "$DATA" --out "$OUT/raw" --heldout-categories "$HELDOUT"
+fi
+if stage 2; then
+  if [ "$BPE_OPS" -gt 0 ]; then
+    echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
+    stage_bpe train valid heldout
+  else
+    echo "== stage 2: no BPE (word level) -> $OUT/bpe"
+    mkdir -p "$OUT/bpe"; cp "$OUT"/raw/{train,valid,heldout}.{src,tgt} "$OUT/bpe/"
+  fi
+fi
+if stage 3; then
+  echo "== stage 3: fairseq-preprocess -> $OUT/bin (test = heldout)"
+  stage_binarize --testpref "$OUT/bpe/heldout"
+fi
+if stage 4; then
+  echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
+  stage_train
+fi
+if stage 5; then
+  echo "== stage 5: fairseq-generate --beam $BEAM on valid and heldout -> $RUN/{valid,heldout}.out"
+  stage_generate valid "$RUN/valid.out"
+  stage_generate test "$RUN/heldout.out"
+fi
+if stage 6; then
+  for split in valid heldout; do
+    echo "== stage 6: evaluate $split -> $RUN/$split.scores.json"
+    $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
+      --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.entities" --detok moses --no-cider \
+      --json-out "$RUN/$split.scores.json"
+  done
+fi

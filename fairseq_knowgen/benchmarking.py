@@ -25,6 +25,8 @@ PROFILES: Dict[str, Dict] = {
     "transformer_dimattn": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
     "bart_dimattn_base": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
     "bart_dimattn_large": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
+    "copy_transformer": {"task": "translation", "criterion": "force_copy", "extra": []},
+    "copy_transformer_small": {"task": "translation", "criterion": "force_copy", "extra": []},
 }
 
 

@@ -25,6 +25,8 @@ TRAIN_COMMON = [
 def run_cli(tool, *args, check=True, timeout=600, env=None):
     """Run a fairseq-* entry point (or a python script) from the repository root."""
     cmd = [os.path.join(BIN, tool)] if tool.startswith("fairseq-") else [sys.executable, tool]
+    if tool == "-m":
+        cmd = [sys.executable, "-m"]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=full_env)

@@ -1,1 +1,2 @@
-"""criterions of fairseq-knowgen (imported for registration)."""
+"""Criterions of fairseq-knowgen (imported for registration)."""
+from . import force_copy  # noqa: F401

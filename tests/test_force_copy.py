@@ -81,7 +81,7 @@ def word_level_bin(tiny_raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("copybin")
     run_cli("-m", "fairseq_knowgen.prep.placeholders", "encode", "--train-prefix", tiny_raw / "train",
             "--splits", tiny_raw / "train", tiny_raw / "valid", tiny_raw / "test", "--out-dir", out / "text",
-            "--min-count", "25", "--max-positions", "40")
+            "--min-count", "25", "--min-source-df", "1000", "--max-positions", "40")
     run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
             "--srcdict", out / "text" / "dict.txt", "--tgtdict", out / "text" / "dict.txt",
             "--trainpref", out / "text" / "train", "--validpref", out / "text" / "valid",
@@ -134,3 +134,53 @@ def test_copies_unseen_words_end_to_end(word_level_bin, tiny_raw, tmp_path):
             assert set(words) <= source_words, (words, source_words)
             copied_oov += sum(w not in vocab for w in words)
     assert copied_oov > 0
+
+
+COPY_TINY_MODEL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
+                   "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+                   "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--dimattn-type", "dydim", "--copy-heads", "1"]])
+def test_copy_incremental_equals_full(tiny_bin, flags):
+    from helpers import build_task_and_model, first_batch
+
+    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *COPY_TINY_MODEL, *flags)
+    model.eval()
+    net = first_batch(task)["net_input"]
+    enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+    prev = net["prev_output_tokens"]
+    with torch.no_grad():
+        full, extra = model.decoder(prev, encoder_out=enc)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state) for t in range(prev.size(1))]
+    real = prev.ne(task.target_dictionary.pad())
+    torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    pgen = torch.cat([s[1]["p_gen"] for s in steps], 1)
+    torch.testing.assert_close(pgen[real], extra["p_gen"][real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full.sum(-1)[real], torch.ones_like(full.sum(-1)[real]), atol=1e-5, rtol=0)
+
+
+def test_copy_distribution_uses_diminishing_weights(tiny_bin):
+    """With --dimattn-* the copy attention is the copy layer's diminishing weights, renormalized."""
+    from helpers import build_task_and_model, first_batch
+
+    from fairseq_knowgen.analysis.coverage import teacher_forced_maps
+    from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
+
+    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *COPY_TINY_MODEL, "--dimattn-type", "dim",
+                                          "--copy-layer", "0")
+    model.eval()
+    assert isinstance(model.decoder.layers[0].encoder_attn, DiminishingMultiheadAttention)
+    assert not isinstance(model.decoder.layers[1].encoder_attn, DiminishingMultiheadAttention)
+    net = first_batch(task)["net_input"]
+    with torch.no_grad():
+        _, extra = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+    maps = teacher_forced_maps(model, net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], layer=0)
+    used = maps["used"].mean(1)  # B x T x S, heads averaged
+    copyable = ~model.decoder.special[net["src_tokens"]]
+    used = used * copyable.unsqueeze(1)
+    expected = used / used.sum(-1, keepdim=True)
+    torch.testing.assert_close(extra["copy_attn"], expected, atol=1e-5, rtol=1e-5)
+    raw = maps["raw"].mean(1) * copyable.unsqueeze(1)
+    assert not torch.allclose(extra["copy_attn"], raw / raw.sum(-1, keepdim=True), atol=1e-3)

@@ -101,3 +101,13 @@ def test_bad_jsonl_names_line(tmp_path):
     p.write_text('["ok"]\nnot json\n')
     with pytest.raises(DataError, match=r"refs.jsonl:2: not a JSON line"):
         read_references([str(p)])
+
+
+def test_entity_copy_hand_computed():
+    # entities: "Alan Bean" (found as a whole), "UT Austin" (only "austin" found)
+    # entity words {alan, bean, ut, austin}; output has alan, bean, austin;
+    # reference has alan, bean (not austin) -> precision 2/3; recall 1/2
+    out = metrics.entity_copy(["Alan Bean went to Austin ."], [["Alan Bean", "UT Austin"]],
+                              [["Alan Bean studied at UT ."]])
+    assert out["entity_recall"] == pytest.approx(50.0)
+    assert out["entity_precision"] == pytest.approx(200 / 3)

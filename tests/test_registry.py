@@ -13,7 +13,10 @@ OUR_ARCHS = {
     "transformer_dimattn": "DimAttnTransformerModel",
     "bart_dimattn_base": "DimAttnBARTModel",
     "bart_dimattn_large": "DimAttnBARTModel",
+    "copy_transformer": "CopyTransformerModel",
+    "copy_transformer_small": "CopyTransformerModel",
 }
+OUR_CRITERIONS = {"force_copy": "ForceCopyCriterion"}
 
 
 @pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))
@@ -26,7 +29,15 @@ def test_every_registered_model_of_ours_is_listed():
     ours = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_knowgen.")}
     assert ours == set(OUR_ARCHS)
     assert all(m.__module__.startswith("fairseq_knowgen.") for n, m in MODEL_REGISTRY.items()
-               if n in {"transformer_dimattn", "bart_dimattn"})
+               if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer"})
+
+
+@pytest.mark.parametrize("name,cls", sorted(OUR_CRITERIONS.items()))
+def test_criterion_maps_to_our_class(name, cls):
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    crit = CRITERION_REGISTRY[name]
+    assert crit.__module__.startswith("fairseq_knowgen.") and crit.__name__ == cls
 
 
 def test_user_dir_path_works_from_anywhere(tmp_path):

@@ -12,10 +12,15 @@
 #       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM)
 #       MINUTES=30 MAX_UPDATE=0    training budget
-#       BPE_OPS=4000 (0: no BPE, word level) BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
+#       BPE_OPS=0: word level, words seen fewer than MIN_COUNT=2 times in train become <unk-N>
+#                  placeholders that copy models copy and stage 5 restores (default)
+#       BPE_OPS=4000: joint subword-nmt BPE instead (copy models then copy pieces)
+#       BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
 #   Examples:
 #       bash examples/webnlg/run.sh
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh
+#       NAME=copy-force ARCH=copy_transformer_small CRITERION=force_copy \
+#           CRITERION_ARGS="--copy-supervision force" STAGE=4 bash examples/webnlg/run.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DATA=$(realpath -m "${1:-$ROOT/../shared/data/webnlg}")
@@ -23,7 +28,7 @@ OUT=$(realpath -m "${2:-$ROOT/work/webnlg}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
-MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-4000}; BEAM=${BEAM:-5}
+MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
 HELDOUT=${HELDOUT:-Astronaut,Monument,University}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 cd "$ROOT"
@@ -43,13 +48,18 @@ if stage 2; then
     echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
     stage_bpe train valid heldout
   else
-    echo "== stage 2: no BPE (word level) -> $OUT/bpe"
-    mkdir -p "$OUT/bpe"; cp "$OUT"/raw/{train,valid,heldout}.{src,tgt} "$OUT/bpe/"
+    echo "== stage 2: word level, vocabulary = train words seen >= $MIN_COUNT times, others <unk-N> -> $OUT/bpe"
+    $PY -m fairseq_knowgen.prep.placeholders encode --train-prefix "$OUT/raw/train" --out-dir "$OUT/bpe" \
+      --splits "$OUT/raw/train" "$OUT/raw/valid" "$OUT/raw/heldout" --min-count "$MIN_COUNT" --max-positions 200
   fi
 fi
 if stage 3; then
   echo "== stage 3: fairseq-preprocess -> $OUT/bin (test = heldout)"
-  stage_binarize --testpref "$OUT/bpe/heldout"
+  if [ "$BPE_OPS" -gt 0 ]; then
+    stage_binarize --testpref "$OUT/bpe/heldout"
+  else
+    stage_binarize --testpref "$OUT/bpe/heldout" --srcdict "$OUT/bpe/dict.txt"
+  fi
 fi
 if stage 4; then
   echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
@@ -57,14 +67,18 @@ if stage 4; then
 fi
 if stage 5; then
   echo "== stage 5: fairseq-generate --beam $BEAM on valid and heldout -> $RUN/{valid,heldout}.out"
-  stage_generate valid "$RUN/valid.out"
-  stage_generate test "$RUN/heldout.out"
+  stage_generate valid "$RUN/valid.gen"
+  stage_generate test "$RUN/heldout.gen"
+  for split in valid heldout; do  # <unk-N> -> source word N (a no-op with BPE)
+    $PY -m fairseq_knowgen.prep.placeholders restore --gen "$RUN/$split.gen" --src "$OUT/raw/$split.src" \
+      --out "$RUN/$split.out"
+  done
 fi
 if stage 6; then
   for split in valid heldout; do
     echo "== stage 6: evaluate $split -> $RUN/$split.scores.json"
     $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
-      --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.entities" --detok moses --no-cider \
+      --src "$OUT/raw/$split.src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \
       --json-out "$RUN/$split.scores.json"
   done
 fi

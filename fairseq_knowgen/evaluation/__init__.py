@@ -5,6 +5,7 @@ from .metrics import (  # noqa: F401
     concept_coverage,
     copy_precision_recall,
     coverage_entropy,
+    entity_copy,
     novel_ngram_ratio,
     repeated_ngram_rate,
     rouge_l,

@@ -26,6 +26,7 @@ def get_parser():
     p.add_argument("--concepts-from-src", action="store_true",
                    help="the source lines are space-separated concepts (CommonGen): report coverage")
     p.add_argument("--concepts", help="file of concepts per input, separated by '|' (multi-word concepts)")
+    p.add_argument("--entities", help="file of source entities per input, separated by '|' (WebNLG)")
     p.add_argument("--bpe", default="subword_nmt", choices=["subword_nmt", "none"],
                    help="subword scheme to undo on hypotheses and references")
     p.add_argument("--detok", default="none", choices=["moses", "none"],
@@ -70,12 +71,17 @@ def run(args):
         lines = read_lines(args.concepts, "concepts")
         _check_count(args.concepts, len(lines), len(refs), args.refs[0])
         concepts = [[c.strip() for c in x.split("|") if c.strip()] for x in lines]
+    entities = None
+    if args.entities:
+        lines = read_lines(args.entities, "entities")
+        _check_count(args.entities, len(lines), len(refs), args.refs[0])
+        entities = [[c.strip() for c in x.split("|") if c.strip()] for x in lines]
     rows = {}
     for name, path in zip(names, args.hyp):
         hyps = [normalize(h, bpe, detok) for h in read_hypotheses(path)]
         _check_count(path, len(hyps), len(refs), args.refs[0])
         rows[name] = evaluate_outputs(
-            hyps, refs, sources, concepts, args.repeat_n, args.novel_n, not args.no_cider
+            hyps, refs, sources, concepts, entities, args.repeat_n, args.novel_n, not args.no_cider
         )
     return rows
 

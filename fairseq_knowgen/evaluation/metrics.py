@@ -162,3 +162,30 @@ def coverage_entropy(coverage: Sequence[float], eps: float = 1e-12) -> Optional[
         return None
     ps = [c / total for c in coverage if c > eps]
     return -sum(p * math.log(p) for p in ps)
+
+
+def entity_copy(hyps: Sequence[str], entities: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]) -> Dict[str, float]:
+    """Entity copying (0-100), for data-to-text inputs with named entities (WebNLG).
+
+    - ``entity_recall``: share of source entities whose whole token sequence occurs in the
+      output (micro-averaged over all entities);
+    - ``entity_precision``: of the output word types that belong to some source entity
+      ("copied entity words"), the share that also occur in a reference (correct copies).
+    """
+    _check_aligned(hyps, entities, "entity lists")
+    _check_aligned(hyps, refs, "reference lists")
+    found = total = hit = copied = 0
+    for h, ents, rs in zip(hyps, entities, refs):
+        toks = tokenize(h)
+        text = " " + " ".join(toks) + " "
+        for e in ents:
+            total += 1
+            found += (" " + " ".join(tokenize(e)) + " ") in text
+        ent_words = set().union(*(_words(e) for e in ents)) if ents else set()
+        c = _words(h) & ent_words
+        hit += len(c & set().union(*(_words(r) for r in rs)))
+        copied += len(c)
+    return {
+        "entity_recall": 100.0 * found / total if total else 0.0,
+        "entity_precision": 100.0 * hit / copied if copied else 0.0,
+    }

@@ -81,6 +81,7 @@ def evaluate_outputs(
     refs: Sequence[Sequence[str]],
     sources: Optional[Sequence[str]] = None,
     concepts: Optional[Sequence[Sequence[str]]] = None,
+    entities: Optional[Sequence[Sequence[str]]] = None,
     repeat_n: int = 3,
     novel_n: int = 2,
     with_cider: bool = True,
@@ -93,6 +94,8 @@ def evaluate_outputs(
         out["cider_d"] = metrics.cider_d(hyps, refs)
     if concepts is not None:
         out["coverage"] = metrics.concept_coverage(hyps, concepts)
+    if entities is not None:
+        out.update(metrics.entity_copy(hyps, entities, refs))
     if sources is not None:
         out.update(metrics.copy_precision_recall(hyps, sources, refs))
         out[f"novel{novel_n}"] = metrics.novel_ngram_ratio(hyps, sources, novel_n)

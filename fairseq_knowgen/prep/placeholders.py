@@ -37,11 +37,26 @@ def placeholder(i: int) -> str:
     return f"<unk-{i}>"
 
 
-def build_vocab(lines: List[str], min_count: int = 1, max_size: int = 0) -> Counter:
-    counts = Counter(w for line in lines for w in line.split())
-    kept = [(w, c) for w, c in counts.most_common() if c >= min_count]
-    if max_size > 0:
-        kept = kept[:max_size]
+def build_vocab(src: List[str], tgt: List[str], min_count: int = 2, min_source_df: int = 5,
+                max_size: int = 0) -> Counter:
+    """The fixed vocabulary: words that must often be *generated*, plus frequent input words.
+
+    A word is kept if it occurs at least ``min_count`` times in a target line whose source
+    does not contain it (so it cannot be copied there), or in at least ``min_source_df``
+    distinct source lines. Names seen with one or two inputs only are thus left out and
+    become placeholders in training too, which is where a copy model learns to copy them.
+    """
+    generated, source_df = Counter(), Counter()
+    for s in set(src):
+        source_df.update(set(s.split()))
+    for s, t in zip(src, tgt):
+        in_src = set(s.split())
+        generated.update(w for w in t.split() if w not in in_src)
+    score = Counter({w: c for w, c in generated.items() if c >= min_count})
+    for w, df in source_df.items():
+        if df >= min_source_df:
+            score[w] = max(score[w], df)
+    kept = score.most_common(max_size if max_size > 0 else None)
     return Counter(dict(kept))
 
 
@@ -82,7 +97,7 @@ def write_dict(path: str, vocab: Counter, max_positions: int):
 
 def cmd_encode(a):
     train_src, train_tgt = read_parallel(a.train_prefix + ".src", a.train_prefix + ".tgt", what="training")
-    vocab = build_vocab(train_src + train_tgt, a.min_count, a.max_size)
+    vocab = build_vocab(train_src, train_tgt, a.min_count, a.min_source_df, a.max_size)
     os.makedirs(a.out_dir, exist_ok=True)
     write_dict(os.path.join(a.out_dir, "dict.txt"), vocab, a.max_positions)
     for prefix in a.splits:
@@ -116,7 +131,9 @@ def main(argv=None):
     e.add_argument("--train-prefix", required=True, help="PREFIX.src / PREFIX.tgt of the training data")
     e.add_argument("--splits", nargs="+", required=True, help="prefixes to encode (PREFIX.src, PREFIX.tgt)")
     e.add_argument("--out-dir", required=True)
-    e.add_argument("--min-count", type=int, default=2, help="keep words seen at least this often in train")
+    e.add_argument("--min-count", type=int, default=2,
+                   help="keep words generated (target, not in its source) at least this often in train")
+    e.add_argument("--min-source-df", type=int, default=5, help="keep words of at least this many distinct sources")
     e.add_argument("--max-size", type=int, default=0, help="keep at most this many words (0: no limit)")
     e.add_argument("--max-positions", type=int, default=100, help="number of placeholders <unk-0..K-1>")
     r = sub.add_parser("restore", help="replace <unk-N> in fairseq-generate output by source words")

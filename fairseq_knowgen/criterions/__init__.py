@@ -1,2 +1,2 @@
 """Criterions of fairseq-knowgen (imported for registration)."""
-from . import force_copy  # noqa: F401
+from . import eki_label_smoothed_cross_entropy, force_copy  # noqa: F401

@@ -1,2 +1,2 @@
 """Models of fairseq-knowgen; importing this package registers them with fairseq."""
-from . import copy_transformer, dimattn  # noqa: F401
+from . import copy_transformer, dimattn, eki  # noqa: F401

@@ -1,1 +1,2 @@
-"""tasks of fairseq-knowgen (imported for registration)."""
+"""Tasks of fairseq-knowgen (imported for registration)."""
+from . import eki_generation  # noqa: F401

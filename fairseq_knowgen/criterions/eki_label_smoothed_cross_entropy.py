@@ -1,0 +1,71 @@
+"""``eki_label_smoothed_cross_entropy``: label-smoothed NLL + lambda * L_E (EKI, Eq. 6 and 10).
+
+L_E is the binary cross-entropy of the scaling module's Mean(Lambda_v) over channels
+against the token labels of :class:`~fairseq_knowgen.data.eki_dataset.EKIDataset` (1: the
+source token occurs in the target, or is a concept), summed over non-padding source tokens::
+
+    L_E = - sum_v [ y_v log Mean(Lambda_v) + (1 - y_v) log(1 - Mean(Lambda_v)) ]       (Eq. 6)
+    loss = L_D (label-smoothed) + lambda * L_E
+
+``--eki-lambda`` is lambda; L_E is logged per source token (``loss_e``, in bits like
+fairseq's losses) with the label accuracy of Mean(Lambda) > 0.5 (``acc_e``). A model
+without the scaling module gives no Lambda, and then L_E is 0.
+"""
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+
+
+@dataclass
+class EKICriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    eki_lambda: float = field(default=1.0, metadata={"help": "weight lambda of L_E (Eq. 6)"})
+
+
+def token_classification_loss(lambda_mean, labels):
+    """Summed BCE of Mean(Lambda) against labels (-1 = padding, ignored); and #correct, #tokens."""
+    mask = labels.ge(0)
+    p = lambda_mean.float().clamp(1e-6, 1 - 1e-6)
+    loss = F.binary_cross_entropy(p[mask], labels[mask].float(), reduction="sum")
+    correct = ((p[mask] > 0.5).float() == labels[mask].float()).sum()
+    return loss, correct, mask.sum()
+
+
+@register_criterion("eki_label_smoothed_cross_entropy", dataclass=EKICriterionConfig)
+class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 eki_lambda=1.0):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.eki_lambda = eki_lambda
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],
+                          "nsentences": sample["target"].size(0), "sample_size": sample_size}
+        lam = net_output[1].get("eki_lambda_mean") if isinstance(net_output[1], dict) else None
+        if lam is not None and "src_label" in sample:
+            loss_e, correct, n = token_classification_loss(lam, sample["src_label"])
+            loss = loss + self.eki_lambda * loss_e
+            logging_output.update(loss=loss.data, loss_e=loss_e.data, correct_e=correct.data, n_e=n.data)
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = n_correct.data
+            logging_output["total"] = total.data
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        n = sum(log.get("n_e", 0) for log in logging_outputs)
+        if n > 0:
+            loss_e = sum(log.get("loss_e", 0) for log in logging_outputs)
+            metrics.log_scalar("loss_e", loss_e / n / torch.log(torch.tensor(2.0)).item(), n, round=3)
+            metrics.log_scalar("acc_e", sum(log.get("correct_e", 0) for log in logging_outputs) / n, n, round=3)

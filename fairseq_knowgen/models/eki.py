@@ -1,0 +1,213 @@
+"""EKI retrieve-and-edit models (``shared/seeds/eki_bart.txt``): ``eki_transformer`` (from
+scratch), ``eki_bart_base`` and ``eki_bart_large`` (fine-tuned from fairseq BART).
+
+Each part is its own module and its own switch, for ablations:
+
+- ``--eki-group-embeddings``: E_C / E_O added to the input embeddings (Eq. 3,
+  :mod:`~fairseq_knowgen.modules.group_embedding`);
+- ``--eki-scaling``: the scaling module on the encoder output (Eq. 5,
+  :mod:`~fairseq_knowgen.modules.scaling_module`), inner size ``--eki-scaling-dim``; its
+  Mean(Lambda) feeds L_E in the ``eki_label_smoothed_cross_entropy`` criterion (Eq. 6);
+- ``--eki-position-indicator``: E_D added to the cross-attention keys of the decoder layers
+  ``--eki-position-layers`` (default all; Eq. 7-9,
+  :mod:`~fairseq_knowgen.modules.position_indicator`).
+
+A switched-off part creates no parameters (no rank waits for a gradient under DDP). Use
+them with ``--task eki_generation``. Fine-tuning from BART (the new parameters start so
+that the pretrained model is unchanged: zero group and distance embeddings, 2 Lambda ~ 1)::
+
+    fairseq-train DATA --user-dir fairseq_knowgen --task eki_generation --arch eki_bart_large \\
+        --restore-file bart.large/model.pt --reset-optimizer --reset-dataloader --reset-meters \\
+        --reset-lr-scheduler --criterion eki_label_smoothed_cross_entropy --eki-lambda 1.0 ...
+
+``--restore-file`` loads the BART weights non-strictly for the new parameters only: they are
+absent from the checkpoint and keep their initialization (see ``load_state_dict``).
+"""
+from typing import Dict, List, Optional
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.bart import BARTModel
+from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+)
+from torch import Tensor
+
+from ..modules.group_embedding import GroupEmbedding
+from ..modules.position_indicator import PositionIndicatorAttention
+from ..modules.scaling_module import ScalingModule
+from .dimattn import parse_layers
+
+NEW_PARAMETER_PREFIXES = ("encoder.group_embedding.", "encoder.scaling.", "distance_embed.")
+
+
+def add_eki_args(parser):
+    parser.add_argument("--eki-group-embeddings", type=int, choices=[0, 1], help="group embeddings E_C/E_O (Eq. 3)")
+    parser.add_argument("--eki-scaling", type=int, choices=[0, 1], help="scaling module on the encoder output (Eq. 5)")
+    parser.add_argument("--eki-scaling-dim", type=int, help="inner size d_s of the scaling module")
+    parser.add_argument("--eki-scaling-init-std", type=float, help="std of the N(0, std^2) scaling-module init")
+    parser.add_argument("--eki-position-indicator", type=int, choices=[0, 1],
+                        help="distance embedding E_D in the cross-attention keys (Eq. 9)")
+    parser.add_argument("--eki-position-layers", type=str, help="decoder layers with E_D: 'all' or indices")
+    parser.add_argument("--eki-max-distance", type=int, help="distances are clipped here (E_D has this + 1 rows)")
+
+
+def eki_defaults(args):
+    args.eki_group_embeddings = getattr(args, "eki_group_embeddings", None)
+    args.eki_group_embeddings = 1 if args.eki_group_embeddings is None else args.eki_group_embeddings
+    args.eki_scaling = 1 if getattr(args, "eki_scaling", None) is None else args.eki_scaling
+    args.eki_scaling_dim = getattr(args, "eki_scaling_dim", None) or 128
+    args.eki_scaling_init_std = getattr(args, "eki_scaling_init_std", None) or 1e-3
+    args.eki_position_indicator = 1 if getattr(args, "eki_position_indicator", None) is None else args.eki_position_indicator
+    args.eki_position_layers = getattr(args, "eki_position_layers", None) or "all"
+    args.eki_max_distance = getattr(args, "eki_max_distance", None) or 64
+
+
+class EKIEncoder(TransformerEncoderBase):
+    """Transformer/BART encoder with group embeddings and the scaling module.
+
+    Returns, besides fairseq's entries, ``src_distance`` (for the decoder's position
+    indicator) and ``eki_lambda_mean`` (Mean(Lambda_v) over channels, ``B x S``).
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, args):
+        super().__init__(cfg, dictionary, embed_tokens)
+        dim = embed_tokens.embedding_dim
+        self.group_embedding = GroupEmbedding(dim) if args.eki_group_embeddings else None
+        self.scaling = ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std) if args.eki_scaling else None
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, src_group: Optional[Tensor] = None,
+                src_distance: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                token_embeddings: Optional[Tensor] = None):
+        if self.group_embedding is not None:
+            if src_group is None:
+                raise ValueError("group embeddings need src_group: use --task eki_generation")
+            tok = self.embed_tokens(src_tokens) if token_embeddings is None else token_embeddings
+            # Eq. 3 adds E_group after the model's scaling of token embeddings
+            token_embeddings = tok + self.group_embedding(src_group) / self.embed_scale
+        out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        if self.scaling is not None:
+            h, lam = self.scaling(out["encoder_out"][0])  # S x B x C
+            out["encoder_out"] = [h]
+            out["eki_lambda_mean"] = [lam.float().mean(-1).transpose(0, 1)]  # B x S
+        out["src_distance"] = [src_distance] if src_distance is not None else []
+        return out
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        """fairseq's reorder drops unknown keys: reorder ours too (beam search)."""
+        new = super().reorder_encoder_out(encoder_out, new_order)
+        for key in ("src_distance", "eki_lambda_mean"):
+            new[key] = [t.index_select(0, new_order) for t in encoder_out.get(key, [])]
+        return new
+
+
+class EKIDecoder(TransformerDecoderBase):
+    """Decoder whose chosen cross-attention layers use the position indicator (Eq. 9)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, args):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
+        self.position_layers = []
+        if args.eki_position_indicator:
+            self.position_layers = parse_layers(args.eki_position_layers, len(self.layers))
+            for i in self.position_layers:
+                old = self.layers[i].encoder_attn
+                self.layers[i].encoder_attn = PositionIndicatorAttention(
+                    old.embed_dim, old.num_heads, max_distance=args.eki_max_distance, kdim=old.kdim,
+                    vdim=old.vdim, dropout=old.dropout_module.p, bias=old.k_proj.bias is not None)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+        # fairseq's decoder layer has no argument for the distances: hand them to the
+        # position-indicator attentions for the duration of this call only
+        attns = [self.layers[i].encoder_attn for i in self.position_layers]
+        if attns:
+            if encoder_out is None or not encoder_out.get("src_distance"):
+                raise ValueError("the position indicator needs src_distance: use --task eki_generation")
+            for a in attns:
+                a.distances = encoder_out["src_distance"][0]
+        try:
+            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                                full_context_alignment, alignment_layer, alignment_heads)
+        finally:
+            for a in attns:
+                a.distances = None
+        if encoder_out is not None and encoder_out.get("eki_lambda_mean"):
+            extra["eki_lambda_mean"] = encoder_out["eki_lambda_mean"][0]
+        return x, extra
+
+
+class EKIMixin:
+    """Shared by the transformer and BART variants: build EKI encoder/decoder, load
+    pretrained checkpoints that lack the new parameters."""
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        eki_defaults(args)
+        return EKIEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, args)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        eki_defaults(args)
+        return EKIDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens, args)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, src_group=None, src_distance=None, **kwargs):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, src_group=src_group, src_distance=src_distance)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, src_lengths=src_lengths)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """Parameters of EKI parts absent from a checkpoint (a plain BART one) keep their
+        initialization; everything else must match as usual."""
+        own = self.state_dict()
+        missing_new = {k for k in own if k not in state_dict and any(p in k for p in NEW_PARAMETER_PREFIXES)}
+        if missing_new:
+            state_dict = dict(state_dict)
+            for k in missing_new:
+                state_dict[k] = own[k]
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+@register_model("eki_transformer")
+class EKITransformerModel(EKIMixin, TransformerModel):
+    """EKI on a transformer trained from scratch."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        add_eki_args(parser)
+
+
+@register_model("eki_bart")
+class EKIBARTModel(EKIMixin, BARTModel):
+    """EKI-BART: fine-tuned from a fairseq BART checkpoint."""
+
+    @staticmethod
+    def add_args(parser):
+        BARTModel.add_args(parser)
+        add_eki_args(parser)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, src_group=None, src_distance=None,
+                features_only=False, classification_head_name=None, token_embeddings=None,
+                return_all_hiddens=True, alignment_layer=None, alignment_heads=None):
+        return EKIMixin.forward(self, src_tokens, src_lengths, prev_output_tokens, src_group, src_distance)
+
+
+@register_model_architecture("eki_transformer", "eki_transformer")
+def eki_transformer_architecture(args):
+    eki_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("eki_bart", "eki_bart_base")
+def eki_bart_base_architecture(args):
+    eki_defaults(args)
+    bart_base_architecture(args)
+
+
+@register_model_architecture("eki_bart", "eki_bart_large")
+def eki_bart_large_architecture(args):
+    eki_defaults(args)
+    bart_large_architecture(args)

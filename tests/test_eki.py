@@ -1,0 +1,196 @@
+"""EKI: distances, labels and groups (hand computations), scaling module, L_E, position
+indicator, models (incremental decoding, BART fine-tuning), fairseq-train/generate."""
+import math
+import random
+
+import pytest
+import torch
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.modules import MultiheadAttention
+
+from conftest import TRAIN_COMMON, run_cli
+from fairseq_knowgen.criterions.eki_label_smoothed_cross_entropy import token_classification_loss
+from fairseq_knowgen.data.eki_dataset import EKIDataset
+from fairseq_knowgen.modules.position_indicator import PositionIndicatorAttention, prototype_distances
+from fairseq_knowgen.modules.scaling_module import ScalingModule
+
+
+def test_distances_hand_computed():
+    # centers at 1 and 4: D = min |v - p| + 1
+    assert prototype_distances([False, True, False, False, True, False], 64) == [2, 1, 2, 2, 1, 2]
+    assert prototype_distances([False, False], 9) == [9, 9]  # no concept in the prototype
+    assert prototype_distances([True] + [False] * 10, 5) == [1, 2, 3, 4, 5, 5, 5, 5, 5, 5, 5]  # clipped
+
+
+def make_dict(words):
+    d = Dictionary()
+    for w in words:
+        d.add_symbol(w)
+    return d
+
+
+def encode(d, text):
+    return torch.tensor([d.index(w) for w in text.split()] + [d.eos()])
+
+
+def test_annotations_on_subwords_hand_computed():
+    d = make_dict("dog run <sep> the dog@@ s are run@@ ning fast runs".split())
+    src = encode(d, "dog run <sep> the dog@@ s are run@@ ning fast")
+    tgt = encode(d, "the dog runs")
+    ds = EKIDataset(LanguagePairDataset(src=[src], src_sizes=[len(src)], src_dict=d, tgt=[tgt],
+                                        tgt_sizes=[len(tgt)], tgt_dict=d), d)
+    a = ds.annotate(src, tgt)
+    # prototype words the | dog@@ s | are | run@@ ning | fast: lemmas dog, run match the concepts,
+    # so pieces 1, 2, 4, 5 of the prototype are centers; </s> is one past the last piece
+    assert a["distance"].tolist() == [0, 0, 0, 2, 1, 1, 2, 1, 1, 2, 3]
+    assert a["group"].tolist() == [1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    # concepts 1; <sep> 0; 'the' and </s> occur in the target; 'dog@@' is not the id of 'dog'
+    assert a["label"].tolist() == [1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_collater_pads_annotations_like_the_source():
+    d = make_dict("a b <sep> c e f".split())
+    srcs = [encode(d, "a <sep> c"), encode(d, "a b <sep> c e f")]
+    tgts = [encode(d, "c"), encode(d, "e f")]
+    ds = EKIDataset(LanguagePairDataset(srcs, [len(s) for s in srcs], d, tgts, [len(t) for t in tgts], d), d)
+    batch = ds.collater([ds[0], ds[1]])
+    toks, group = batch["net_input"]["src_tokens"], batch["net_input"]["src_group"]
+    assert (toks.eq(d.pad()) == group.eq(0)).all()  # same (left) padding
+    assert batch["src_label"][toks.eq(d.pad())].eq(-1).all()
+    for row, i in enumerate(batch["id"].tolist()):
+        real = toks[row].ne(d.pad())
+        assert group[row][real].tolist() == ds[i]["group"].tolist()
+        assert batch["net_input"]["src_distance"][row][real].tolist() == ds[i]["distance"].tolist()
+
+
+def test_missing_separator_is_a_clear_error():
+    d = make_dict("a b".split())
+    src = encode(d, "a b")
+    with pytest.raises(ValueError, match="no '<sep>' symbol"):
+        EKIDataset(LanguagePairDataset([src], [3], d, [src], [3], d), d, path="data:train")
+
+
+def test_scaling_module_starts_near_identity():
+    torch.manual_seed(0)
+    m = ScalingModule(32, 16, init_std=1e-3)
+    h = torch.randn(5, 3, 32)
+    out, lam = m(h)
+    assert (2 * lam - 1).abs().max() < 1e-2
+    torch.testing.assert_close(out, h, atol=2e-2 * h.abs().max().item(), rtol=0)
+
+
+def test_token_loss_hand_computed():
+    lam = torch.tensor([[0.8, 0.3, 0.6]])
+    labels = torch.tensor([[1.0, 0.0, -1.0]])  # third is padding
+    loss, correct, n = token_classification_loss(lam, labels)
+    assert loss.item() == pytest.approx(-math.log(0.8) - math.log(0.7), rel=1e-5)
+    assert correct.item() == 2 and n.item() == 2
+
+
+def test_position_indicator_attention():
+    torch.manual_seed(0)
+    ref = MultiheadAttention(8, 2, encoder_decoder_attention=True)
+    pia = PositionIndicatorAttention(8, 2, max_distance=4)
+    pia.load_state_dict(ref.state_dict(), strict=False)
+    q, kv = torch.randn(3, 2, 8), torch.randn(5, 2, 8)
+    dist = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 1, 1, 4]])
+    torch.testing.assert_close(pia(q, kv, kv, distances=dist)[0], ref(q, kv, kv, static_kv=True)[0])  # E_D = 0
+    with torch.no_grad():
+        pia.distance_embed.weight.normal_()
+    out, w = pia(q, kv, kv, distances=dist, need_head_weights=True)
+    # by hand: softmax((W_q q)(W_k k + E_D(D))^T / sqrt(d_k)) per head
+    Q = pia.q_proj(q).transpose(0, 1).view(2, 3, 2, 4)  # B x T x H x dh
+    K = (pia.k_proj(kv).transpose(0, 1) + pia.distance_embed(dist)).view(2, 5, 2, 4)
+    logits = torch.einsum("bthd,bshd->hbts", Q, K) / math.sqrt(4)
+    torch.testing.assert_close(w, torch.softmax(logits, -1), atol=1e-5, rtol=1e-5)
+
+
+WORDS = "dog cat ball park run jump play throw catch field river boat sit swim".split()
+
+
+@pytest.fixture(scope="module")
+def eki_bin(tmp_path_factory):
+    rng = random.Random(0)
+    raw = tmp_path_factory.mktemp("ekiraw")
+    for split, n in (("train", 160), ("valid", 16)):
+        src, tgt = [], []
+        for _ in range(n):
+            a, b, c = rng.sample(WORDS, 3)
+            proto = f"the {rng.choice(WORDS)} and the {a} are near the {rng.choice(WORDS)}"
+            src.append(f"{a} {b} {c} <sep> {proto}")
+            tgt.append(f"the {a} and the {b} {c} in the {rng.choice(WORDS)}")
+        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
+        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+    out = tmp_path_factory.mktemp("ekibin")
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
+            "--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir", out, "--workers", "1")
+    return out
+
+
+EKI_TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
+            "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+            "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--eki-scaling-dim", "8"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--eki-group-embeddings", "0", "--eki-position-layers", "-1"],
+                                   ["--eki-scaling", "0", "--eki-position-indicator", "0"]])
+def test_incremental_equals_full(eki_bin, flags):
+    from helpers import build_task_and_model, first_batch
+
+    task, model, _ = build_task_and_model(eki_bin, "eki_transformer", *EKI_TINY, *flags, task="eki_generation")
+    model.eval()
+    with torch.no_grad():  # non-zero new parameters, so that every part matters
+        for name, p in model.named_parameters():
+            if "group_embedding" in name or "distance_embed" in name:
+                p.normal_()
+    net = first_batch(task)["net_input"]
+    enc = model.encoder(net["src_tokens"], net["src_lengths"], net["src_group"], net["src_distance"])
+    prev = net["prev_output_tokens"]
+    with torch.no_grad():
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))]
+    real = prev.ne(task.target_dictionary.pad())
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    names = [n for n, _ in model.named_parameters()]
+    assert any("group_embedding" in n for n in names) == ("--eki-group-embeddings" not in flags)
+    assert any("scaling" in n for n in names) == ("--eki-scaling" not in flags)
+    n_pia = sum(isinstance(m, PositionIndicatorAttention) for m in model.modules())
+    assert n_pia == (0 if "--eki-position-indicator" in flags else 1 if "-1" in flags else 2)
+
+
+def test_train_with_token_loss_and_generate(eki_bin, tmp_path):
+    import json
+
+    out = run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--task", "eki_generation", "--arch", "eki_transformer",
+                  *EKI_TINY, "--criterion", "eki_label_smoothed_cross_entropy", "--eki-lambda", "1.0",
+                  "--label-smoothing", "0.1", "--lr", "3e-3", "--max-update", "25", "--save-dir", tmp_path,
+                  "--log-format", "json")
+    inner = [json.loads(line[line.index("{"):]) for line in (out.stdout + out.stderr).splitlines()
+             if "| train_inner |" in line]
+    assert "loss_e" in inner[0] and float(inner[-1]["loss"]) < float(inner[0]["loss"])
+    gen = run_cli("fairseq-generate", eki_bin, "--user-dir", "fairseq_knowgen", "--cpu", "--task", "eki_generation",
+                  "--path", tmp_path / "checkpoint_last.pt", "--beam", "5", "--batch-size", "4", "--gen-subset", "valid",
+                  "--required-batch-size-multiple", "1")  # fairseq drops a batch when the size is not a multiple
+    assert gen.stdout.count("\nH-") == 16
+
+
+def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
+    tiny_bart = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+                 "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+                 "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+    pre = tmp_path / "bart"
+    run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--arch", "bart_base", *tiny_bart, "--max-update", "2",
+            "--save-dir", pre)
+    bart = torch.load(pre / "checkpoint_last.pt")["model"]
+    ft = tmp_path / "ft"
+    run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--task", "eki_generation", "--arch", "eki_bart_base", *tiny_bart,
+            "--eki-scaling-dim", "8", "--criterion", "eki_label_smoothed_cross_entropy",
+            "--restore-file", pre / "checkpoint_last.pt", "--reset-optimizer", "--reset-dataloader",
+            "--reset-meters", "--reset-lr-scheduler", "--lr", "1e-12", "--max-update", "1", "--save-dir", ft)
+    tuned = torch.load(ft / "checkpoint_last.pt")["model"]
+    for k, v in bart.items():
+        torch.testing.assert_close(tuned[k], v, atol=1e-6, rtol=0)
+    new = [k for k in tuned if k not in bart]
+    assert any("group_embedding" in k for k in new) and any("distance_embed" in k for k in new)
+    assert all(tuned[k].abs().max() < 0.1 for k in new if "group_embedding" in k or "distance_embed" in k)

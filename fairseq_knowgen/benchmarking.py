@@ -27,7 +27,15 @@ PROFILES: Dict[str, Dict] = {
     "bart_dimattn_large": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
     "copy_transformer": {"task": "translation", "criterion": "force_copy", "extra": []},
     "copy_transformer_small": {"task": "translation", "criterion": "force_copy", "extra": []},
+    "eki_transformer": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
+                        "extra": ["--eki-scaling-dim", "64"], "data": "eki"},
+    "eki_bart_base": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
+                      "extra": [], "data": "eki"},
+    "eki_bart_large": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
+                       "extra": [], "data": "eki"},
 }
+# the baseline trains on the same data as the arch (for EKI: the concatenated inputs)
+BASELINE_PROFILE = {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []}
 
 
 def size_args(layers: int, dim: int, heads: int) -> List[str]:
@@ -37,12 +45,24 @@ def size_args(layers: int, dim: int, heads: int) -> List[str]:
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads)]
 
 
-def make_synthetic_data(workdir: str, n_train: int, n_valid: int) -> str:
-    """The built-in triples-to-text data set, binarized with a joined dictionary."""
+def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples") -> str:
+    """The built-in triples-to-text data set, binarized with a joined dictionary.
+
+    ``kind="eki"``: sources become retrieve-and-edit inputs ``objects <sep> prototype``
+    (the triples' objects as concepts, another example's target as the prototype).
+    """
     from .demo_data import make_dataset
 
     raw, out = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
     make_dataset(raw, train=n_train, valid=n_valid, test=n_valid, seed=7)
+    if kind == "eki":
+        for split in ("train", "valid"):
+            src = open(f"{raw}/{split}.src").read().splitlines()
+            tgt = open(f"{raw}/{split}.tgt").read().splitlines()
+            concepts = [" ".join(w for part in s.split("<O>")[1:] for w in part.split("<S>")[0].split()) for s in src]
+            protos = tgt[1:] + tgt[:1]
+            with open(f"{raw}/{split}.src", "w") as f:
+                f.writelines(f"{c} <sep> {p}\n" for c, p in zip(concepts, protos))
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
                     "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
                     "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid",
@@ -51,7 +71,7 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int) -> str:
 
 
 def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents: int,
-           max_tokens: int, beam: int, gen_len: int = 20) -> Dict:
+           max_tokens: int, beam: int, gen_len: int = 20, baseline: bool = False) -> Dict:
     """Train ``updates`` steps and decode ``gen_sents`` valid sentences; return timings."""
     import torch
 
@@ -60,7 +80,7 @@ def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents:
     from fairseq import options, tasks
     from fairseq.dataclass.configs import GenerationConfig
 
-    prof = PROFILES[arch]
+    prof = BASELINE_PROFILE if baseline else PROFILES[arch]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
         data, "--task", prof["task"], "--arch", arch, "--criterion", prof["criterion"], "--cpu",
@@ -110,12 +130,14 @@ def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents:
 
 
 def run_worker_process(script: str, arch: str, opts) -> Dict:
-    cmd = [sys.executable, script, "--worker", "--arch", arch, "--data", opts.data,
+    cmd = [sys.executable, script, "--worker", "--arch", opts.arch, "--data", opts.data,
            "--updates", str(opts.updates), "--gen-sents", str(opts.gen_sents),
            "--max-tokens", str(opts.max_tokens), "--beam", str(opts.beam), "--gen-len", str(opts.gen_len),
            "--layers", str(opts.layers), "--embed-dim", str(opts.embed_dim), "--heads", str(opts.heads)]
     if opts.model_args:
         cmd += ["--model-args", opts.model_args]
+    if arch == BASELINE:
+        cmd += ["--baseline"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -128,7 +150,8 @@ def compare(script: str, opts) -> Dict:
     own_tmp = None
     if not opts.data:
         own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
-        opts.data = make_synthetic_data(own_tmp.name, opts.n_train, opts.n_valid)
+        opts.data = make_synthetic_data(own_tmp.name, opts.n_train, opts.n_valid,
+                                        PROFILES[opts.arch].get("data", "triples"))
     runs = {"arch": [], "base": []}
     order = []
     for r in range(opts.rounds):

@@ -39,6 +39,7 @@ def get_parser():
     p.add_argument("--n-train", type=int, default=2000, help="synthetic training examples")
     p.add_argument("--n-valid", type=int, default=200, help="synthetic valid examples")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -49,10 +50,11 @@ def main():
     opts.rounds = opts.rounds or (2 if opts.quick else 4)
     model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads)
     if opts.worker:
-        if opts.arch != benchmarking.BASELINE:
+        arch = benchmarking.BASELINE if opts.baseline else opts.arch
+        if not opts.baseline:
             model_args += shlex.split(opts.model_args)
-        res = benchmarking.worker(opts.arch, opts.data, model_args, opts.updates, opts.gen_sents,
-                                  opts.max_tokens, opts.beam, opts.gen_len)
+        res = benchmarking.worker(arch, opts.data, model_args, opts.updates, opts.gen_sents,
+                                  opts.max_tokens, opts.beam, opts.gen_len, opts.baseline)
         print(json.dumps(res))
         return
     print(json.dumps(benchmarking.compare(os.path.abspath(__file__), opts)))

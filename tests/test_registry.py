@@ -15,8 +15,13 @@ OUR_ARCHS = {
     "bart_dimattn_large": "DimAttnBARTModel",
     "copy_transformer": "CopyTransformerModel",
     "copy_transformer_small": "CopyTransformerModel",
+    "eki_transformer": "EKITransformerModel",
+    "eki_bart_base": "EKIBARTModel",
+    "eki_bart_large": "EKIBARTModel",
 }
-OUR_CRITERIONS = {"force_copy": "ForceCopyCriterion"}
+OUR_CRITERIONS = {"force_copy": "ForceCopyCriterion",
+                  "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion"}
+OUR_TASKS = {"eki_generation": "EKIGenerationTask"}
 
 
 @pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))
@@ -29,7 +34,7 @@ def test_every_registered_model_of_ours_is_listed():
     ours = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_knowgen.")}
     assert ours == set(OUR_ARCHS)
     assert all(m.__module__.startswith("fairseq_knowgen.") for n, m in MODEL_REGISTRY.items()
-               if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer"})
+               if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer", "eki_transformer", "eki_bart"})
 
 
 @pytest.mark.parametrize("name,cls", sorted(OUR_CRITERIONS.items()))
@@ -45,3 +50,11 @@ def test_user_dir_path_works_from_anywhere(tmp_path):
                          capture_output=True, text=True, check=True).stdout.strip()
     assert os.path.isfile(os.path.join(out, "__init__.py"))
     assert os.path.samefile(out, os.path.dirname(fairseq_knowgen.__file__))
+
+
+@pytest.mark.parametrize("name,cls", sorted(OUR_TASKS.items()))
+def test_task_maps_to_our_class(name, cls):
+    from fairseq.tasks import TASK_REGISTRY
+
+    task = TASK_REGISTRY[name]
+    assert task.__module__.startswith("fairseq_knowgen.") and task.__name__ == cls

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
 # CommonGen: concept set -> everyday sentence. Staged recipe; rerun from any stage.
 #
-#   bash examples/commongen/run.sh [DATA_DIR] [OUT_DIR]
-#       DATA_DIR: the raw CommonGen files (default ../shared/data/commongen)
-#       OUT_DIR:  everything this recipe writes (default work/commongen)
+#   bash examples/commongen/run.sh [DATA_DIR] [OUT_DIR] [CORPUS_OOD]
+#       DATA_DIR:   the raw CommonGen files (default ../shared/data/commongen)
+#       OUT_DIR:    everything this recipe writes (default work/commongen)
+#       CORPUS_OOD: plain text for out-of-domain prototypes (default ../shared/data/wikitext-2/valid.txt)
+#   Stages (STAGE=1 STOP_STAGE=7 select them):
+#       1 prepare (raw/)   2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src)   3 BPE (bpe/)
+#       4 binarize: bin/ (concepts only), bin-eki/ (concepts <sep> in-domain prototype), bin-eki-ood/
+#       5 train   6 fairseq-generate (beam) on dev   7 evaluate (BLEU-4, ROUGE-L, CIDEr-D, coverage, repeats)
 #   Environment (all optional):
-#       STAGE=1 STOP_STAGE=6       stages to run (1 prepare, 2 bpe, 3 binarize, 4 train, 5 generate, 6 evaluate)
-#       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system to train (run folder $OUT/runs/$NAME)
+#       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system (run folder $OUT/runs/$NAME)
+#       INPUT=concepts|eki|eki-ood   which binarized input to train on (eki*: use TASK_ARGS="--task eki_generation")
+#       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM); scale up on GPUs
-#       MINUTES=30                 training budget (--stop-time-hours); MAX_UPDATE=0 for no update cap
+#       MINUTES=30 MAX_UPDATE=0    training budget (--stop-time-hours / --max-update)
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
 #   Examples:
-#       bash examples/commongen/run.sh
-#       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/commongen/run.sh
-#       NAME=dydimattn ARCH=transformer_dimattn ARCH_ARGS="--dimattn-type dydim" STAGE=4 bash examples/commongen/run.sh
+#       bash examples/commongen/run.sh                                   # transformer on concepts
+#       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh
+#       NAME=eki INPUT=eki ARCH=eki_transformer TASK_ARGS="--task eki_generation" \
+#           CRITERION=eki_label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1 --eki-lambda 1" \
+#           STAGE=5 bash examples/commongen/run.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DATA=$(realpath -m "${1:-$ROOT/../shared/data/commongen}")
 OUT=$(realpath -m "${2:-$ROOT/work/commongen}")
-STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
-NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
+CORPUS_OOD=$(realpath -m "${3:-$ROOT/../shared/data/wikitext-2/valid.txt}")
+STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
+NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
 TRAIN_ARGS=${TRAIN_ARGS:-}
@@ -27,6 +36,8 @@ cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 RUN=$OUT/runs/$NAME
+case $INPUT in concepts) DATA_BIN=$OUT/bin ;; eki|eki-ood) DATA_BIN=$OUT/bin-$INPUT ;;
+  *) echo "INPUT must be concepts, eki or eki-ood"; exit 2 ;; esac
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
@@ -36,23 +47,39 @@ if stage 1; then
   $PY -m fairseq_knowgen.prep.commongen --data "$DATA" --out "$OUT/raw"
 fi
 if stage 2; then
-  echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-  stage_bpe train valid
+  echo "== stage 2: retrieve prototypes: in-domain (training references) and out-of-domain ($CORPUS_OOD)"
+  for split in train valid; do
+    $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto" \
+      --corpus "$OUT/raw/train.tgt" --corpus-keys "$OUT/raw/train.src" | tee "$OUT/raw/$split.proto.json"
+    $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
+      --corpus "$CORPUS_OOD" --plain-text | tee "$OUT/raw/$split.proto-ood.json"
+    paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki.src"
+    paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto-ood" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki-ood.src"
+  done
 fi
 if stage 3; then
-  echo "== stage 3: fairseq-preprocess -> $OUT/bin"
-  stage_binarize
+  echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
+  stage_bpe {train,valid}.{src,tgt,eki.src,eki-ood.src}
 fi
 if stage 4; then
-  echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
-  stage_train
+  echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood"
+  stage_binarize "$OUT/bin" src
+  stage_binarize "$OUT/bin-eki" eki.src
+  stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
+  for d in bin-eki bin-eki-ood; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
+    for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
+  done
 fi
 if stage 5; then
-  echo "== stage 5: fairseq-generate --beam $BEAM on dev -> $RUN/valid.out"
-  stage_generate valid "$RUN/valid.out"
+  echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $LAYERS+$LAYERS layers x $DIM) -> $RUN"
+  stage_train
 fi
 if stage 6; then
-  echo "== stage 6: evaluate -> $RUN/valid.scores.json"
+  echo "== stage 6: fairseq-generate --beam $BEAM on dev -> $RUN/valid.out"
+  stage_generate valid "$RUN/valid.out"
+fi
+if stage 7; then
+  echo "== stage 7: evaluate -> $RUN/valid.scores.json"
   $PY scripts/evaluate.py --hyp "$RUN/valid.out" --name "$NAME" --refs "$OUT/raw/valid.refs.jsonl" \
     --src "$OUT/raw/valid.src" --concepts "$OUT/raw/valid.concepts" --detok moses \
     --json-out "$RUN/valid.scores.json"

@@ -1,6 +1,6 @@
 # Shared stages of the recipes in examples/<dataset>/run.sh (sourced, not run).
 # The recipe sets: ROOT OUT RUN NAME ARCH ARCH_ARGS LAYERS DIM HEADS MINUTES MAX_UPDATE BPE_OPS BEAM
-# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS, and calls the functions below in its numbered stages.
+# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN, and calls the functions below in its numbered stages.
 
 PY=$ROOT/.venv/bin/python
 BIN=$ROOT/.venv/bin
@@ -9,30 +9,31 @@ CRITERION=${CRITERION:-label_smoothed_cross_entropy}
 CRITERION_ARGS=${CRITERION_ARGS:---label-smoothing 0.1}
 TASK_ARGS=${TASK_ARGS:-}
 
-# stage_bpe SPLIT...: learn joint BPE on train.{src,tgt}, apply to every SPLIT.{src,tgt}
+# stage_bpe FILE...: learn joint BPE on raw/train.{src,tgt}, apply to every raw/FILE (into bpe/FILE);
+# '<sep>' (EKI's concept/prototype separator) is never split
 stage_bpe() {
   mkdir -p "$OUT/bpe"
   cat "$OUT/raw/train.src" "$OUT/raw/train.tgt" | $BIN/subword-nmt learn-bpe -s "$BPE_OPS" > "$OUT/bpe/codes"
-  for split in "$@"; do
-    for side in src tgt; do
-      $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" < "$OUT/raw/$split.$side" > "$OUT/bpe/$split.$side"
-    done
+  for f in "$@"; do
+    $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" --glossaries '<sep>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
   done
 }
 
-# stage_binarize [--testpref PREFIX]: fairseq-preprocess of bpe/train and bpe/valid (joined dictionary)
+# stage_binarize DEST SRCLANG [fairseq-preprocess args]: binarize bpe/{train,valid}.{SRCLANG,tgt} into DEST
+# (joined dictionary; pass --srcdict to reuse one)
 stage_binarize() {
-  rm -rf "$OUT/bin"
-  $BIN/fairseq-preprocess --source-lang src --target-lang tgt --joined-dictionary \
-    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "$@" --destdir "$OUT/bin" --workers 2 \
-    > "$OUT/preprocess.log" 2>&1 || { echo "fairseq-preprocess failed: see $OUT/preprocess.log"; return 1; }
+  local dest=$1 src=$2; shift 2
+  rm -rf "$dest"
+  $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --joined-dictionary \
+    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "$@" --destdir "$dest" --workers 2 \
+    > "$dest.log" 2>&1 || { echo "fairseq-preprocess failed: see $dest.log"; return 1; }
 }
 
-# stage_train: fairseq-train $ARCH into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0)
+# stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0)
 stage_train() {
   mkdir -p "$RUN"
   # shellcheck disable=SC2086
-  $BIN/fairseq-train "$OUT/bin" --user-dir fairseq_knowgen --seed 1 $TASK_ARGS \
+  $BIN/fairseq-train "$DATA_BIN" --user-dir fairseq_knowgen --seed 1 $TASK_ARGS \
     --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
     --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
     --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
@@ -48,7 +49,7 @@ stage_train() {
 # stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint
 stage_generate() {
   # shellcheck disable=SC2086
-  $BIN/fairseq-generate "$OUT/bin" --user-dir fairseq_knowgen $TASK_ARGS --gen-subset "$1" \
+  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }
 }

@@ -35,6 +35,7 @@ cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 RUN=$OUT/runs/$NAME
+DATA_BIN=$OUT/bin
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
@@ -46,7 +47,7 @@ fi
 if stage 2; then
   if [ "$BPE_OPS" -gt 0 ]; then
     echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-    stage_bpe train valid heldout
+    stage_bpe {train,valid,heldout}.{src,tgt}
   else
     echo "== stage 2: word level, vocabulary = train words seen >= $MIN_COUNT times, others <unk-N> -> $OUT/bpe"
     $PY -m fairseq_knowgen.prep.placeholders encode --train-prefix "$OUT/raw/train" --out-dir "$OUT/bpe" \
@@ -56,9 +57,9 @@ fi
 if stage 3; then
   echo "== stage 3: fairseq-preprocess -> $OUT/bin (test = heldout)"
   if [ "$BPE_OPS" -gt 0 ]; then
-    stage_binarize --testpref "$OUT/bpe/heldout"
+    stage_binarize "$DATA_BIN" src --testpref "$OUT/bpe/heldout"
   else
-    stage_binarize --testpref "$OUT/bpe/heldout" --srcdict "$OUT/bpe/dict.txt"
+    stage_binarize "$DATA_BIN" src --testpref "$OUT/bpe/heldout" --srcdict "$OUT/bpe/dict.txt"
   fi
 fi
 if stage 4; then

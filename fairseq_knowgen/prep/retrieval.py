@@ -16,7 +16,7 @@ Corpora:
     python scripts/retrieve_prototypes.py --queries RAW/valid.src --out RAW/valid.proto \\
         --corpus RAW/train.tgt --corpus-keys RAW/train.src       # in-domain
     python scripts/retrieve_prototypes.py --queries RAW/valid.src --out RAW/valid.proto.wiki \\
-        --corpus ../shared/data/wikitext-2/wiki.valid.raw --plain-text
+        --corpus ../shared/data/wikitext-2/valid.txt --plain-text
 """
 import argparse
 import json
@@ -47,7 +47,7 @@ def split_plain_text(lines: Sequence[str], min_words: int = 5, max_words: int = 
         line = line.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
         for sent in re.split(r"(?<=[.!?])\s+", line):
             n = len(sent.split())
-            if min_words <= n <= max_words:
+            if min_words <= n <= max_words and "<unk>" not in sent:  # WikiText's own unknown-word mark
                 out.append(moses_tokenize(sent))
     return out
 

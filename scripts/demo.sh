@@ -44,7 +44,7 @@ $BIN/fairseq-train "$OUT/bin" --user-dir fairseq_knowgen --cpu --seed 1 \
 
 echo "== stage 4: fairseq-generate --beam 5 ($OUT/gen.out)"
 $BIN/fairseq-generate "$OUT/bin" --user-dir fairseq_knowgen --cpu --gen-subset test \
-  --path "$OUT/checkpoints/checkpoint_last.pt" --beam 5 --batch-size 64 > "$OUT/gen.out" 2>"$OUT/gen.log"
+  --path "$OUT/checkpoints/checkpoint_last.pt" --beam 5 --batch-size 64 --required-batch-size-multiple 1 > "$OUT/gen.out" 2>"$OUT/gen.log"
 
 echo "== stage 5: evaluate"
 $PY scripts/evaluate.py --hyp "$OUT/gen.out" --name "$ARCH" --refs "$OUT/raw/test.refs.jsonl" \

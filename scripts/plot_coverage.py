@@ -24,7 +24,8 @@ def get_parser():
     p.add_argument("--data", required=True, help="binarized data directory")
     p.add_argument("--path", required=True, help="checkpoint")
     p.add_argument("--subset", default="valid")
-    p.add_argument("--hyp", help="fairseq-generate output to teacher-force (H- lines, BPE kept)")
+    p.add_argument("--hyp", help="fairseq-generate output to teacher-force (H- lines)")
+    p.add_argument("--bpe-codes", help="subword-nmt codes to re-apply to the --hyp lines (if they were de-BPE'd)")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: last)")
     p.add_argument("--index", type=int, default=0, help="example id to draw")
     p.add_argument("--out", default="coverage.png")
@@ -43,17 +44,21 @@ def load(args):
     return model, task
 
 
-def hypotheses_as_targets(task, path, n):
-    """Token ids of each H- line (BPE still in: fairseq-generate without --remove-bpe)."""
+def hypotheses_as_targets(task, path, n, bpe_codes=None):
+    """Token ids of each H- line (re-segmented with ``bpe_codes`` when given)."""
     import re
 
-    import torch
+    segment = None
+    if bpe_codes:
+        from subword_nmt.apply_bpe import BPE
 
+        with open(bpe_codes, encoding="utf-8") as f:
+            segment = BPE(f).process_line
     hyps = {}
     for line in open(path, encoding="utf-8"):
         m = re.match(r"^H-(\d+)\t[^\t]*\t(.*)$", line.rstrip("\n"))
         if m and int(m.group(1)) not in hyps:
-            hyps[int(m.group(1))] = m.group(2)
+            hyps[int(m.group(1))] = segment(m.group(2)) if segment else m.group(2)
     d = task.target_dictionary
     return [d.encode_line(hyps.get(i, ""), add_if_not_exist=False, append_eos=True).long() for i in range(n)]
 
@@ -78,7 +83,7 @@ def main():
 
     model, task = load(args)
     ds = task.dataset(args.subset)
-    targets = hypotheses_as_targets(task, args.hyp, len(ds)) if args.hyp else None
+    targets = hypotheses_as_targets(task, args.hyp, len(ds), args.bpe_codes) if args.hyp else None
     pad = task.source_dictionary.pad()
     if args.entropy:
         ents = []

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny data made by the tests themselves, and fairseq CLI runners."""
 import os
+import random
 import subprocess
 import sys
 
@@ -50,4 +51,26 @@ def tiny_bin(tiny_raw, tmp_path_factory):
     run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
             "--joined-dictionary", "--trainpref", tiny_raw / "train", "--validpref",
             tiny_raw / "valid", "--testpref", tiny_raw / "test", "--destdir", out, "--workers", "1")
+    return out
+
+
+WORDS = "dog cat ball park run jump play throw catch field river boat sit swim".split()
+
+
+@pytest.fixture(scope="session")
+def eki_bin(tmp_path_factory):
+    rng = random.Random(0)
+    raw = tmp_path_factory.mktemp("ekiraw")
+    for split, n in (("train", 160), ("valid", 16)):
+        src, tgt = [], []
+        for _ in range(n):
+            a, b, c = rng.sample(WORDS, 3)
+            proto = f"the {rng.choice(WORDS)} and the {a} are near the {rng.choice(WORDS)}"
+            src.append(f"{a} {b} {c} <sep> {proto}")
+            tgt.append(f"the {a} and the {b} {c} in the {rng.choice(WORDS)}")
+        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
+        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+    out = tmp_path_factory.mktemp("ekibin")
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
+            "--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir", out, "--workers", "1")
     return out

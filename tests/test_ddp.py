@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import ROOT, TINY_MODEL, TRAIN_COMMON
@@ -15,13 +16,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_ranks_end_identical(tiny_bin, tmp_path):
+ARCHS = {
+    "dimattn": ("tiny_bin", ["--arch", "transformer_dimattn", "--dimattn-type", "dydim"]),
+    "copy": ("tiny_bin", ["--arch", "copy_transformer", "--criterion", "force_copy", "--copy-supervision", "force-unk"]),
+    "eki": ("eki_bin", ["--task", "eki_generation", "--arch", "eki_transformer", "--eki-scaling-dim", "8",
+                        "--criterion", "eki_label_smoothed_cross_entropy"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_two_ranks_end_identical(request, name, tmp_path):
+    data, arch_args = ARCHS[name]
+    data_dir = request.getfixturevalue(data)
     port = free_port()
     procs = []
     for rank in range(2):
-        cmd = [sys.executable, "tests/ddp_worker.py", str(tmp_path / f"rank{rank}.pt"), str(tiny_bin),
-               *TRAIN_COMMON, "--arch", "transformer_dimattn", *TINY_MODEL,
-               "--dimattn-type", "dydim", "--max-update", "5", "--max-tokens", "400",
+        cmd = [sys.executable, "tests/ddp_worker.py", str(tmp_path / f"rank{rank}.pt"), str(data_dir),
+               *TRAIN_COMMON, *arch_args, *TINY_MODEL, "--max-update", "5", "--max-tokens", "400",
                "--save-dir", str(tmp_path / "ckpt"),
                "--distributed-world-size", "2", "--distributed-rank", str(rank),
                "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",

@@ -1,7 +1,6 @@
 """EKI: distances, labels and groups (hand computations), scaling module, L_E, position
 indicator, models (incremental decoding, BART fine-tuning), fairseq-train/generate."""
 import math
-import random
 
 import pytest
 import torch
@@ -103,28 +102,6 @@ def test_position_indicator_attention():
     K = (pia.k_proj(kv).transpose(0, 1) + pia.distance_embed(dist)).view(2, 5, 2, 4)
     logits = torch.einsum("bthd,bshd->hbts", Q, K) / math.sqrt(4)
     torch.testing.assert_close(w, torch.softmax(logits, -1), atol=1e-5, rtol=1e-5)
-
-
-WORDS = "dog cat ball park run jump play throw catch field river boat sit swim".split()
-
-
-@pytest.fixture(scope="module")
-def eki_bin(tmp_path_factory):
-    rng = random.Random(0)
-    raw = tmp_path_factory.mktemp("ekiraw")
-    for split, n in (("train", 160), ("valid", 16)):
-        src, tgt = [], []
-        for _ in range(n):
-            a, b, c = rng.sample(WORDS, 3)
-            proto = f"the {rng.choice(WORDS)} and the {a} are near the {rng.choice(WORDS)}"
-            src.append(f"{a} {b} {c} <sep> {proto}")
-            tgt.append(f"the {a} and the {b} {c} in the {rng.choice(WORDS)}")
-        (raw / f"{split}.src").write_text("\n".join(src) + "\n")
-        (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
-    out = tmp_path_factory.mktemp("ekibin")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
-            "--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir", out, "--workers", "1")
-    return out
 
 
 EKI_TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",

@@ -51,5 +51,6 @@ stage_generate() {
   # shellcheck disable=SC2086
   $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
+    --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }
 }

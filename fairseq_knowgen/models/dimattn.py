@@ -95,8 +95,17 @@ def install_diminishing_attention(decoder, args):
     return decoder
 
 
+class DimAttnMixin:
+    """Builds the parent's decoder, then makes the chosen cross-attentions diminishing."""
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
+        return install_diminishing_attention(decoder, args)
+
+
 @register_model("transformer_dimattn")
-class DimAttnTransformerModel(TransformerModel):
+class DimAttnTransformerModel(DimAttnMixin, TransformerModel):
     """Transformer with diminishing cross-attention (Sim et al.); see module docstring."""
 
     @staticmethod
@@ -104,25 +113,15 @@ class DimAttnTransformerModel(TransformerModel):
         TransformerModel.add_args(parser)
         add_dimattn_args(parser)
 
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
-        return install_diminishing_attention(decoder, args)
-
 
 @register_model("bart_dimattn")
-class DimAttnBARTModel(BARTModel):
+class DimAttnBARTModel(DimAttnMixin, BARTModel):
     """BART with diminishing cross-attention, fine-tuned from a BART checkpoint."""
 
     @staticmethod
     def add_args(parser):
         BARTModel.add_args(parser)
         add_dimattn_args(parser)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
-        return install_diminishing_attention(decoder, args)
 
 
 @register_model_architecture("transformer_dimattn", "transformer_dimattn")

@@ -93,3 +93,15 @@ def atomic_write(path: str, mode: str = "w") -> Iterator:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def cli_entry(main):
+    """Run a command-line ``main``; bad data ends it with ``error: path:line: ...`` and exit
+    status 2 instead of a traceback."""
+    import sys
+
+    try:
+        return main()
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

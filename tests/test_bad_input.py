@@ -57,3 +57,29 @@ def test_evaluate_cli_end_to_end(tmp_path):
     assert scores["coverage"] == pytest.approx(100.0)
     assert scores["rougeL"] == pytest.approx(100.0)
     assert "| system |" in out.stdout
+
+
+def test_commongen_prep_line_mismatch(tmp_path):
+    (tmp_path / "commongen.train.src_alpha.txt").write_text("dog run\ncat sit\nball throw\n")
+    (tmp_path / "commongen.train.tgt.txt").write_text("a dog runs .\na cat sits .\n")
+    out = run_cli("-m", "fairseq_knowgen.prep.commongen", "--data", tmp_path, "--out", tmp_path / "out", check=False)
+    assert out.returncode == 2
+    assert "commongen.train.tgt.txt:3: line-count mismatch" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_webnlg_prep_malformed_xml(tmp_path):
+    d = tmp_path / "train" / "1triples"
+    d.mkdir(parents=True)
+    (d / "Airport.xml").write_text("<benchmark>\n<entries>\n<entry category='Airport'>\n</entries>\n")
+    (tmp_path / "dev").mkdir()
+    out = run_cli("-m", "fairseq_knowgen.prep.webnlg", "--data", tmp_path, "--out", tmp_path / "out", check=False)
+    assert out.returncode == 2
+    assert "Airport.xml:4: XML parse error" in out.stderr
+
+
+def test_retrieval_missing_corpus(tmp_path):
+    (tmp_path / "q.txt").write_text("dog run\n")
+    out = run_cli("scripts/retrieve_prototypes.py", "--queries", tmp_path / "q.txt", "--corpus",
+                  tmp_path / "none.txt", "--out", tmp_path / "p.txt", check=False)
+    assert out.returncode == 2 and "none.txt: corpus file not found" in out.stderr

@@ -18,7 +18,7 @@ import argparse
 import os
 from typing import List, Tuple
 
-from ..textio import read_parallel
+from ..textio import cli_entry, read_parallel
 from .common import ensure_dir, moses_tokenize, write_jsonl, write_lines
 
 
@@ -62,4 +62,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli_entry(main)

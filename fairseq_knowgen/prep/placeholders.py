@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from typing import Dict, List
 
-from ..textio import DataError, atomic_write, read_lines, read_parallel
+from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
 
 _PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
@@ -145,4 +145,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli_entry(main)

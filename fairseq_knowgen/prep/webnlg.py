@@ -29,7 +29,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Dict, List, Sequence
 
-from ..textio import DataError
+from ..textio import DataError, cli_entry
 from .common import ensure_dir, moses_tokenize, write_jsonl, write_lines
 
 DEFAULT_HELDOUT = ("Astronaut", "Monument", "University")
@@ -136,4 +136,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli_entry(main)

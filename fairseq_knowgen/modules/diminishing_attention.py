@@ -237,12 +237,4 @@ class DiminishingMultiheadAttention(MultiheadAttention):
         return incremental_state
 
 
-def coverage_entropy_tensor(coverage: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    """Entropy of normalized final coverage per row (``... x S``), padding masked out."""
-    if mask is not None:
-        coverage = coverage.masked_fill(mask, 0.0)
-    p = coverage / coverage.sum(-1, keepdim=True).clamp_min(1e-12)
-    return -(p * torch.log(p.clamp_min(1e-12))).sum(-1)
-
-
 __all__ = ["DiminishingMultiheadAttention", "diminishing_weights", "parse_concave", "CONCAVE_CHOICES"]

@@ -19,7 +19,7 @@ implemented as the usual logits plus q . E_D(D) per head, so that the cached key
 values of incremental decoding stay fairseq's. E_D starts at zero (the pretrained
 attention unchanged).
 """
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn

@@ -4,6 +4,7 @@ Importing this package (``--user-dir fairseq_knowgen``) registers every model,
 architecture, criterion and task it defines with fairseq, and lets torch's weights-only
 loader read fairseq checkpoints (see :mod:`fairseq_knowgen.checkpoint_compat`).
 """
+
 from . import checkpoint_compat  # noqa: F401  (must run before any checkpoint is read)
 from . import criterions, models, tasks  # noqa: F401
 

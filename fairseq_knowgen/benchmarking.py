@@ -8,6 +8,7 @@ Reported ratios are arch / baseline: 1.0 is parity, higher is faster.
 Every architecture of this package has a :data:`PROFILES` entry with the task, criterion
 and extra arguments it needs, so ``--arch NAME`` alone is enough.
 """
+
 import json
 import os
 import resource
@@ -27,22 +28,48 @@ PROFILES: Dict[str, Dict] = {
     "bart_dimattn_large": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
     "copy_transformer": {"task": "translation", "criterion": "force_copy", "extra": []},
     "copy_transformer_small": {"task": "translation", "criterion": "force_copy", "extra": []},
-    "eki_transformer": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
-                        "extra": ["--eki-scaling-dim", "64"], "data": "eki"},
-    "eki_bart_base": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
-                      "extra": [], "data": "eki"},
-    "eki_bart_large": {"task": "eki_generation", "criterion": "eki_label_smoothed_cross_entropy",
-                       "extra": [], "data": "eki"},
+    "eki_transformer": {
+        "task": "eki_generation",
+        "criterion": "eki_label_smoothed_cross_entropy",
+        "extra": ["--eki-scaling-dim", "64"],
+        "data": "eki",
+    },
+    "eki_bart_base": {
+        "task": "eki_generation",
+        "criterion": "eki_label_smoothed_cross_entropy",
+        "extra": [],
+        "data": "eki",
+    },
+    "eki_bart_large": {
+        "task": "eki_generation",
+        "criterion": "eki_label_smoothed_cross_entropy",
+        "extra": [],
+        "data": "eki",
+    },
 }
 # the baseline trains on the same data as the arch (for EKI: the concatenated inputs)
 BASELINE_PROFILE = {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []}
 
 
 def size_args(layers: int, dim: int, heads: int) -> List[str]:
-    return ["--encoder-layers", str(layers), "--decoder-layers", str(layers),
-            "--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim),
-            "--encoder-ffn-embed-dim", str(4 * dim), "--decoder-ffn-embed-dim", str(4 * dim),
-            "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads)]
+    return [
+        "--encoder-layers",
+        str(layers),
+        "--decoder-layers",
+        str(layers),
+        "--encoder-embed-dim",
+        str(dim),
+        "--decoder-embed-dim",
+        str(dim),
+        "--encoder-ffn-embed-dim",
+        str(4 * dim),
+        "--decoder-ffn-embed-dim",
+        str(4 * dim),
+        "--encoder-attention-heads",
+        str(heads),
+        "--decoder-attention-heads",
+        str(heads),
+    ]
 
 
 def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples") -> str:
@@ -63,35 +90,78 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "t
             protos = tgt[1:] + tgt[:1]
             with open(f"{raw}/{split}.src", "w") as f:
                 f.writelines(f"{c} <sep> {p}\n" for c, p in zip(concepts, protos))
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
-                    "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
-                    "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid",
-                    "--destdir", out, "--workers", "1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--joined-dictionary",
+            "--trainpref",
+            f"{raw}/train",
+            "--validpref",
+            f"{raw}/valid",
+            "--destdir",
+            out,
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
-def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents: int,
-           max_tokens: int, beam: int, gen_len: int = 20, baseline: bool = False) -> Dict:
+def worker(
+    arch: str,
+    data: str,
+    model_args: List[str],
+    updates: int,
+    gen_sents: int,
+    max_tokens: int,
+    beam: int,
+    gen_len: int = 20,
+    baseline: bool = False,
+) -> Dict:
     """Train ``updates`` steps and decode ``gen_sents`` valid sentences; return timings."""
     import torch
 
     torch.set_num_threads(1)
-    import fairseq_knowgen  # noqa: F401
     from fairseq import options, tasks
     from fairseq.dataclass.configs import GenerationConfig
 
+    import fairseq_knowgen  # noqa: F401
+
     prof = BASELINE_PROFILE if baseline else PROFILES[arch]
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        data, "--task", prof["task"], "--arch", arch, "--criterion", prof["criterion"], "--cpu",
-        "--seed", "1", "--max-tokens", str(max_tokens), *prof["extra"], *model_args])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data,
+            "--task",
+            prof["task"],
+            "--arch",
+            arch,
+            "--criterion",
+            prof["criterion"],
+            "--cpu",
+            "--seed",
+            "1",
+            "--max-tokens",
+            str(max_tokens),
+            *prof["extra"],
+            *model_args,
+        ],
+    )
     task = tasks.setup_task(args)
     task.load_dataset("train")
     task.load_dataset("valid")
     model, criterion = task.build_model(args), task.build_criterion(args)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=max_tokens, seed=1,
-                                      ignore_invalid_inputs=True).next_epoch_itr(shuffle=True)
+    batches = task.get_batch_iterator(
+        task.dataset("train"), max_tokens=max_tokens, seed=1, ignore_invalid_inputs=True
+    ).next_epoch_itr(shuffle=True)
     batches = list(batches)
 
     def step(sample):
@@ -113,9 +183,13 @@ def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents:
     # an untrained model would stop at once: fix the output length so both models decode
     # the same number of steps (a typical sentence length of the data sets here)
     generator = task.build_generator(
-        [model], GenerationConfig(beam=beam, min_len=gen_len, max_len_a=0, max_len_b=gen_len))
-    gen_batches = list(task.get_batch_iterator(task.dataset("valid"), max_sentences=32,
-                                               ignore_invalid_inputs=True).next_epoch_itr(shuffle=False))
+        [model], GenerationConfig(beam=beam, min_len=gen_len, max_len_a=0, max_len_b=gen_len)
+    )
+    gen_batches = list(
+        task.get_batch_iterator(task.dataset("valid"), max_sentences=32, ignore_invalid_inputs=True).next_epoch_itr(
+            shuffle=False
+        )
+    )
     with torch.no_grad():
         task.inference_step(generator, [model], gen_batches[0])  # warm-up
         sents, t0 = 0, time.perf_counter()
@@ -125,15 +199,42 @@ def worker(arch: str, data: str, model_args: List[str], updates: int, gen_sents:
             task.inference_step(generator, [model], b)
             sents += b["nsentences"]
         gen_s = time.perf_counter() - t0
-    return {"arch": arch, "train_words": words, "train_s": train_s, "gen_sents": sents,
-            "gen_s": gen_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "arch": arch,
+        "train_words": words,
+        "train_s": train_s,
+        "gen_sents": sents,
+        "gen_s": gen_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def run_worker_process(script: str, arch: str, opts) -> Dict:
-    cmd = [sys.executable, script, "--worker", "--arch", opts.arch, "--data", opts.data,
-           "--updates", str(opts.updates), "--gen-sents", str(opts.gen_sents),
-           "--max-tokens", str(opts.max_tokens), "--beam", str(opts.beam), "--gen-len", str(opts.gen_len),
-           "--layers", str(opts.layers), "--embed-dim", str(opts.embed_dim), "--heads", str(opts.heads)]
+    cmd = [
+        sys.executable,
+        script,
+        "--worker",
+        "--arch",
+        opts.arch,
+        "--data",
+        opts.data,
+        "--updates",
+        str(opts.updates),
+        "--gen-sents",
+        str(opts.gen_sents),
+        "--max-tokens",
+        str(opts.max_tokens),
+        "--beam",
+        str(opts.beam),
+        "--gen-len",
+        str(opts.gen_len),
+        "--layers",
+        str(opts.layers),
+        "--embed-dim",
+        str(opts.embed_dim),
+        "--heads",
+        str(opts.heads),
+    ]
     if opts.model_args:
         cmd += ["--model-args", opts.model_args]
     if arch == BASELINE:
@@ -150,8 +251,9 @@ def compare(script: str, opts) -> Dict:
     own_tmp = None
     if not opts.data:
         own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
-        opts.data = make_synthetic_data(own_tmp.name, opts.n_train, opts.n_valid,
-                                        PROFILES[opts.arch].get("data", "triples"))
+        opts.data = make_synthetic_data(
+            own_tmp.name, opts.n_train, opts.n_valid, PROFILES[opts.arch].get("data", "triples")
+        )
     runs = {"arch": [], "base": []}
     order = []
     for r in range(opts.rounds):
@@ -164,14 +266,22 @@ def compare(script: str, opts) -> Dict:
         own_tmp.cleanup()
 
     def rates(rs):
-        return (sum(r["train_words"] for r in rs) / sum(r["train_s"] for r in rs),
-                sum(r["gen_sents"] for r in rs) / sum(r["gen_s"] for r in rs),
-                max(r["peak_rss_mb"] for r in rs))
+        return (
+            sum(r["train_words"] for r in rs) / sum(r["train_s"] for r in rs),
+            sum(r["gen_sents"] for r in rs) / sum(r["gen_s"] for r in rs),
+            max(r["peak_rss_mb"] for r in rs),
+        )
 
     a_wps, a_sps, a_rss = rates(runs["arch"])
     b_wps, b_sps, b_rss = rates(runs["base"])
-    return {"arch": opts.arch, "train_wps_ratio": round(a_wps / b_wps, 4),
-            "generate_sents_per_s_ratio": round(a_sps / b_sps, 4),
-            "peak_rss_mb": round(a_rss, 1), "baseline_peak_rss_mb": round(b_rss, 1),
-            "train_wps": round(a_wps, 1), "baseline_train_wps": round(b_wps, 1),
-            "beam": opts.beam, "rounds": opts.rounds}
+    return {
+        "arch": opts.arch,
+        "train_wps_ratio": round(a_wps / b_wps, 4),
+        "generate_sents_per_s_ratio": round(a_sps / b_sps, 4),
+        "peak_rss_mb": round(a_rss, 1),
+        "baseline_peak_rss_mb": round(b_rss, 1),
+        "train_wps": round(a_wps, 1),
+        "baseline_train_wps": round(b_wps, 1),
+        "beam": opts.beam,
+        "rounds": opts.rounds,
+    }

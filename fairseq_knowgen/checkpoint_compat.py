@@ -15,6 +15,7 @@ What fairseq puts in a checkpoint (``Trainer.state_dict``): tensors, plain conta
 numbers and strings, ``argparse.Namespace`` (legacy ``"args"``), and in
 ``extra_state["metrics"]`` the meter states, whose numbers may be NumPy scalars.
 """
+
 import argparse
 
 import numpy as np

@@ -14,6 +14,7 @@ token of dev and test also occurs in train, while the name *combinations* are ne
 writes ``{train,valid,test}.{src,tgt}`` (space-tokenized) and ``{valid,test}.refs.jsonl``
 (all template renderings of the same triples, as multiple references).
 """
+
 import argparse
 import json
 import os
@@ -22,16 +23,21 @@ from typing import List, Tuple
 
 from .textio import atomic_write
 
-FIRST = ("Mara Ivo Lena Tomas Ada Kofi Nils Rosa Emil Yara Otto Ines Bruno Lia Sven Noor "
-         "Pavel Greta Omar Hana Felix Zora Anton Mira Leo Dina Hugo Elsa Rafael Juno").split()
-LAST = ("Delcourt Berg Okafor Lindqvist Moreau Tanaka Varga Novak Haddad Ferreira Kowalski "
-        "Brandt Santos Dubois Eriksen Rossi Petrov Nakamura Weber Almeida Costa Fischer "
-        "Quinn Horvat Silva Jensen Marsh Kaplan Ortega Vogel").split()
-CITIES = ("Lisbon Oslo Nairobi Kyoto Porto Tallinn Lyon Dakar Cusco Bergen Riga Sapporo "
-          "Malaga Turku Accra Gdansk Lima Graz Hue Quito").split()
+FIRST = (
+    "Mara Ivo Lena Tomas Ada Kofi Nils Rosa Emil Yara Otto Ines Bruno Lia Sven Noor "
+    "Pavel Greta Omar Hana Felix Zora Anton Mira Leo Dina Hugo Elsa Rafael Juno"
+).split()
+LAST = (
+    "Delcourt Berg Okafor Lindqvist Moreau Tanaka Varga Novak Haddad Ferreira Kowalski "
+    "Brandt Santos Dubois Eriksen Rossi Petrov Nakamura Weber Almeida Costa Fischer "
+    "Quinn Horvat Silva Jensen Marsh Kaplan Ortega Vogel"
+).split()
+CITIES = (
+    "Lisbon Oslo Nairobi Kyoto Porto Tallinn Lyon Dakar Cusco Bergen Riga Sapporo "
+    "Malaga Turku Accra Gdansk Lima Graz Hue Quito"
+).split()
 JOBS = "chemist painter pilot architect violinist surgeon poet engineer botanist sculptor".split()
-CLUBS = ("Riverside Harriers|Northfield Rovers|Atlas United|Harbour City|Union Vale|"
-         "Granite Athletic").split("|")
+CLUBS = ("Riverside Harriers|Northfield Rovers|Atlas United|Harbour City|Union Vale|" "Granite Athletic").split("|")
 
 PREDICATES = {
     "birth place": (CITIES, ["was born in {o}", "is from {o}", "comes from {o}"]),

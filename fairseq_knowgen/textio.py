@@ -5,6 +5,7 @@ that bad data stops with ``DataError: path:line: what is wrong`` instead of a tr
 deep inside fairseq, and writes its outputs through :func:`atomic_write`, so that a failed
 run never leaves a half-written file in place of a good one.
 """
+
 import contextlib
 import json
 import os

@@ -1,7 +1,8 @@
 """Print the absolute path to pass as ``--user-dir``, from any working directory::
 
-    fairseq-train --user-dir "$(python -m fairseq_knowgen.user_dir)" ...
+fairseq-train --user-dir "$(python -m fairseq_knowgen.user_dir)" ...
 """
+
 import os
 
 

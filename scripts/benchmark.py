@@ -9,6 +9,7 @@ and print one final JSON line of ratios (arch / baseline; 1.0 is parity, higher 
 Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
 fairseq data directory with ``train`` and ``valid`` splits. One thread per process.
 """
+
 import argparse
 import json
 import os
@@ -35,7 +36,9 @@ def get_parser():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--gen-len", type=int, default=20, help="output length every hypothesis decodes")
     p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--rounds", type=int, default=None, help="worker runs per model, interleaved ABBA (default 4; 2 with --quick)")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="worker runs per model, interleaved ABBA (default 4; 2 with --quick)"
+    )
     p.add_argument("--n-train", type=int, default=2000, help="synthetic training examples")
     p.add_argument("--n-valid", type=int, default=200, help="synthetic valid examples")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -53,8 +56,17 @@ def main():
         arch = benchmarking.BASELINE if opts.baseline else opts.arch
         if not opts.baseline:
             model_args += shlex.split(opts.model_args)
-        res = benchmarking.worker(arch, opts.data, model_args, opts.updates, opts.gen_sents,
-                                  opts.max_tokens, opts.beam, opts.gen_len, opts.baseline)
+        res = benchmarking.worker(
+            arch,
+            opts.data,
+            model_args,
+            opts.updates,
+            opts.gen_sents,
+            opts.max_tokens,
+            opts.beam,
+            opts.gen_len,
+            opts.baseline,
+        )
         print(json.dumps(res))
         return
     print(json.dumps(benchmarking.compare(os.path.abspath(__file__), opts)))

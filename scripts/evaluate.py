@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Score generation outputs: see ``fairseq_knowgen/evaluation/cli.py`` or ``--help``."""
+
 import os
 import sys
 

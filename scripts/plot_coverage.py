@@ -10,6 +10,7 @@ the diminishing weights) and the final effective coverage, as heatmaps in one PN
 With ``--hyp`` (fairseq-generate output) the model is teacher-forced on its own outputs,
 which is what decoding saw; otherwise on the reference target of the split.
 """
+
 import argparse
 import json
 import logging
@@ -35,8 +36,9 @@ def get_parser():
 
 
 def load(args):
-    import fairseq_knowgen  # noqa: F401
     from fairseq import checkpoint_utils
+
+    import fairseq_knowgen  # noqa: F401
 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
     task.load_dataset(args.subset)
@@ -90,7 +92,9 @@ def main():
         for start in range(0, len(ds), args.batch_size):
             s = batch_for(task, args.subset, range(start, min(start + args.batch_size, len(ds))), targets)
             net = s["net_input"]
-            maps = teacher_forced_maps(model, net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], args.layer)
+            maps = teacher_forced_maps(
+                model, net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], args.layer
+            )
             ents.append(coverage_entropy(maps["used"], net["src_tokens"].ne(pad), net["prev_output_tokens"].ne(pad)))
         ent = torch.cat(ents)
         print(json.dumps({"coverage_entropy": round(float(ent.mean()), 4), "n": len(ent)}))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Retrieve a prototype sentence per concept set: see fairseq_knowgen/prep/retrieval.py or --help."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny data made by the tests themselves, and fairseq CLI runners."""
+
 import os
 import random
 import subprocess
@@ -11,15 +12,39 @@ BIN = os.path.dirname(sys.executable)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TINY_MODEL = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 TRAIN_COMMON = [
-    "--user-dir", "fairseq_knowgen", "--cpu", "--seed", "1",
-    "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1000",
-    "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints",
+    "--user-dir",
+    "fairseq_knowgen",
+    "--cpu",
+    "--seed",
+    "1",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-3",
+    "--max-tokens",
+    "1000",
+    "--no-progress-bar",
+    "--log-interval",
+    "1",
+    "--no-epoch-checkpoints",
 ]
 
 
@@ -29,8 +54,9 @@ def run_cli(tool, *args, check=True, timeout=600, env=None):
     if tool == "-m":
         cmd = [sys.executable, "-m"]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    proc = subprocess.run(
+        cmd + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
@@ -48,9 +74,24 @@ def tiny_raw(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bin(tiny_raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("bin")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--joined-dictionary", "--trainpref", tiny_raw / "train", "--validpref",
-            tiny_raw / "valid", "--testpref", tiny_raw / "test", "--destdir", out, "--workers", "1")
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--joined-dictionary",
+        "--trainpref",
+        tiny_raw / "train",
+        "--validpref",
+        tiny_raw / "valid",
+        "--testpref",
+        tiny_raw / "test",
+        "--destdir",
+        out,
+        "--workers",
+        "1",
+    )
     return out
 
 
@@ -71,6 +112,20 @@ def eki_bin(tmp_path_factory):
         (raw / f"{split}.src").write_text("\n".join(src) + "\n")
         (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
     out = tmp_path_factory.mktemp("ekibin")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
-            "--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir", out, "--workers", "1")
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--joined-dictionary",
+        "--trainpref",
+        raw / "train",
+        "--validpref",
+        raw / "valid",
+        "--destdir",
+        out,
+        "--workers",
+        "1",
+    )
     return out

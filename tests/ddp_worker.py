@@ -5,6 +5,7 @@ Usage: python tests/ddp_worker.py OUT.pt <fairseq-train arguments>
 Saves the rank's final model parameters and the loss of every update (as aggregated by
 fairseq over all ranks) to OUT.pt. The Trainer is only observed, not changed.
 """
+
 import sys
 
 import torch
@@ -34,5 +35,11 @@ if __name__ == "__main__":
     trainer_module.Trainer.train_step = train_step
     train.cli_main()
     t = captured["trainer"]
-    torch.save({"params": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
-                "losses": captured["losses"], "num_updates": t.get_num_updates()}, out_path)
+    torch.save(
+        {
+            "params": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
+            "losses": captured["losses"],
+            "num_updates": t.get_num_updates(),
+        },
+        out_path,
+    )

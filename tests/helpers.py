@@ -1,4 +1,5 @@
 """Building models in-process from fairseq command-line arguments."""
+
 from fairseq import options, tasks
 
 

@@ -1,9 +1,10 @@
 """Bad input stops with a message naming the file and line; nothing written is lost."""
+
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from fairseq_knowgen.textio import DataError, atomic_write, read_lines, read_parallel
 
 
@@ -40,8 +41,16 @@ def test_evaluate_cli_reports_mismatch(tmp_path):
     (tmp_path / "hyp.txt").write_text("a b\nc d\n")
     (tmp_path / "refs.jsonl").write_text(json.dumps(["a b"]) + "\n")
     (tmp_path / "scores.json").write_text("keep me")
-    out = run_cli("scripts/evaluate.py", "--hyp", tmp_path / "hyp.txt", "--refs", tmp_path / "refs.jsonl",
-                  "--json-out", tmp_path / "scores.json", check=False)
+    out = run_cli(
+        "scripts/evaluate.py",
+        "--hyp",
+        tmp_path / "hyp.txt",
+        "--refs",
+        tmp_path / "refs.jsonl",
+        "--json-out",
+        tmp_path / "scores.json",
+        check=False,
+    )
     assert out.returncode == 2
     assert "hyp.txt:2: 2 inputs here but 1" in out.stderr
     assert (tmp_path / "scores.json").read_text() == "keep me"
@@ -51,8 +60,18 @@ def test_evaluate_cli_end_to_end(tmp_path):
     (tmp_path / "gen.out").write_text("H-1\t-1\tb@@ ye now\nH-0\t-1\thel@@ lo world\n")
     (tmp_path / "refs.jsonl").write_text('["hello world"]\n["bye now", "bye"]\n')
     (tmp_path / "src").write_text("hello\nbye\n")
-    out = run_cli("scripts/evaluate.py", "--hyp", tmp_path / "gen.out", "--refs", tmp_path / "refs.jsonl",
-                  "--src", tmp_path / "src", "--concepts-from-src", "--json-out", tmp_path / "s.json")
+    out = run_cli(
+        "scripts/evaluate.py",
+        "--hyp",
+        tmp_path / "gen.out",
+        "--refs",
+        tmp_path / "refs.jsonl",
+        "--src",
+        tmp_path / "src",
+        "--concepts-from-src",
+        "--json-out",
+        tmp_path / "s.json",
+    )
     scores = json.loads((tmp_path / "s.json").read_text())[str(tmp_path / "gen.out")]
     assert scores["coverage"] == pytest.approx(100.0)
     assert scores["rougeL"] == pytest.approx(100.0)
@@ -80,6 +99,14 @@ def test_webnlg_prep_malformed_xml(tmp_path):
 
 def test_retrieval_missing_corpus(tmp_path):
     (tmp_path / "q.txt").write_text("dog run\n")
-    out = run_cli("scripts/retrieve_prototypes.py", "--queries", tmp_path / "q.txt", "--corpus",
-                  tmp_path / "none.txt", "--out", tmp_path / "p.txt", check=False)
+    out = run_cli(
+        "scripts/retrieve_prototypes.py",
+        "--queries",
+        tmp_path / "q.txt",
+        "--corpus",
+        tmp_path / "none.txt",
+        "--out",
+        tmp_path / "p.txt",
+        check=False,
+    )
     assert out.returncode == 2 and "none.txt: corpus file not found" in out.stderr

@@ -1,12 +1,13 @@
 """Diminishing attention: equations, properties, incremental == full decoding, models."""
+
 import math
 
 import pytest
 import torch
+from fairseq.modules import MultiheadAttention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq.modules import MultiheadAttention
 from fairseq_knowgen.modules.diminishing_attention import (
     DiminishingMultiheadAttention,
     diminishing_weights,

@@ -1,17 +1,21 @@
 """transformer_dimattn / bart_dimattn_*: incremental decoding, fairseq-generate, BART fine-tuning."""
+
 import pytest
 import torch
-
 from conftest import TINY_MODEL, TRAIN_COMMON, run_cli
 from helpers import build_task_and_model, first_batch
+
 from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
 
 
-@pytest.mark.parametrize("flags", [
-    [],
-    ["--dimattn-type", "dydim", "--dimattn-g", "sqrt", "--dimattn-layers", "all"],
-    ["--dimattn-normalize", "--dimattn-g", "pow:0.5", "--dimattn-layers", "0"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--dimattn-type", "dydim", "--dimattn-g", "sqrt", "--dimattn-layers", "all"],
+        ["--dimattn-normalize", "--dimattn-g", "pow:0.5", "--dimattn-layers", "0"],
+    ],
+)
 def test_incremental_equals_full_decoding(tiny_bin, flags):
     task, model, _ = build_task_and_model(tiny_bin, "transformer_dimattn", *TINY_MODEL, *flags)
     model.eval()
@@ -22,8 +26,9 @@ def test_incremental_equals_full_decoding(tiny_bin, flags):
     with torch.no_grad():
         full, _ = model.decoder(prev, encoder_out=enc)
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))
+        ]
     # compare real target positions (padding after EOS differs in fairseq's own transformer too)
     real = prev.ne(task.target_dictionary.pad())
     torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=1e-5)
@@ -44,34 +49,108 @@ def test_bad_layer_spec(tiny_bin):
 
 
 def test_train_and_generate_beam5(tiny_bin, tmp_path):
-    run_cli("fairseq-train", tiny_bin, *TRAIN_COMMON, "--arch", "transformer_dimattn", *TINY_MODEL,
-            "--dimattn-type", "dydim", "--max-update", "8", "--save-dir", tmp_path)
-    out = run_cli("fairseq-generate", tiny_bin, "--user-dir", "fairseq_knowgen", "--cpu",
-                  "--path", tmp_path / "checkpoint_last.pt", "--beam", "5", "--batch-size", "8")
+    run_cli(
+        "fairseq-train",
+        tiny_bin,
+        *TRAIN_COMMON,
+        "--arch",
+        "transformer_dimattn",
+        *TINY_MODEL,
+        "--dimattn-type",
+        "dydim",
+        "--max-update",
+        "8",
+        "--save-dir",
+        tmp_path
+    )
+    out = run_cli(
+        "fairseq-generate",
+        tiny_bin,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--beam",
+        "5",
+        "--batch-size",
+        "8",
+    )
     assert out.stdout.count("\nH-") == 24
 
 
 def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
     """A tiny BART checkpoint in fairseq's format loads into bart_dimattn_base unchanged."""
-    tiny_bart = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
-                 "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-                 "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
-                 "--decoder-attention-heads", "2"]
+    tiny_bart = [
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+    ]
     pre = tmp_path / "bart"
-    run_cli("fairseq-train", tiny_bin, *TRAIN_COMMON, "--arch", "bart_base", *tiny_bart,
-            "--max-update", "3", "--save-dir", pre)
+    run_cli(
+        "fairseq-train",
+        tiny_bin,
+        *TRAIN_COMMON,
+        "--arch",
+        "bart_base",
+        *tiny_bart,
+        "--max-update",
+        "3",
+        "--save-dir",
+        pre
+    )
     bart = torch.load(pre / "checkpoint_last.pt")["model"]
     ft = tmp_path / "ft"
-    run_cli("fairseq-train", tiny_bin, *TRAIN_COMMON, "--arch", "bart_dimattn_base", *tiny_bart,
-            "--restore-file", pre / "checkpoint_last.pt", "--reset-optimizer", "--reset-dataloader",
-            "--reset-meters", "--reset-lr-scheduler", "--lr", "1e-12", "--max-update", "1",
-            "--save-dir", ft)
+    run_cli(
+        "fairseq-train",
+        tiny_bin,
+        *TRAIN_COMMON,
+        "--arch",
+        "bart_dimattn_base",
+        *tiny_bart,
+        "--restore-file",
+        pre / "checkpoint_last.pt",
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+        "--reset-lr-scheduler",
+        "--lr",
+        "1e-12",
+        "--max-update",
+        "1",
+        "--save-dir",
+        ft
+    )
     tuned = torch.load(ft / "checkpoint_last.pt")
     assert tuned["cfg"]["model"].arch == "bart_dimattn_base"
     for k, v in bart.items():
         torch.testing.assert_close(tuned["model"][k], v, atol=1e-6, rtol=0)
-    run_cli("fairseq-generate", tiny_bin, "--user-dir", "fairseq_knowgen", "--cpu",
-            "--path", ft / "checkpoint_last.pt", "--beam", "5", "--batch-size", "8")
+    run_cli(
+        "fairseq-generate",
+        tiny_bin,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--path",
+        ft / "checkpoint_last.pt",
+        "--beam",
+        "5",
+        "--batch-size",
+        "8",
+    )
 
 
 def test_coverage_maps_telescope(tiny_bin):
@@ -89,12 +168,32 @@ def test_coverage_maps_telescope(tiny_bin):
 
 
 def test_plot_coverage_writes_png(tiny_bin, tmp_path):
-    run_cli("fairseq-train", tiny_bin, *TRAIN_COMMON, "--arch", "transformer_dimattn", *TINY_MODEL,
-            "--max-update", "2", "--save-dir", tmp_path)
+    run_cli(
+        "fairseq-train",
+        tiny_bin,
+        *TRAIN_COMMON,
+        "--arch",
+        "transformer_dimattn",
+        *TINY_MODEL,
+        "--max-update",
+        "2",
+        "--save-dir",
+        tmp_path
+    )
     png = tmp_path / "cov.png"
-    run_cli("scripts/plot_coverage.py", "--data", tiny_bin, "--path", tmp_path / "checkpoint_last.pt",
-            "--index", "2", "--out", png)
+    run_cli(
+        "scripts/plot_coverage.py",
+        "--data",
+        tiny_bin,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--index",
+        "2",
+        "--out",
+        png,
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    out = run_cli("scripts/plot_coverage.py", "--data", tiny_bin, "--path", tmp_path / "checkpoint_last.pt",
-                  "--entropy")
+    out = run_cli(
+        "scripts/plot_coverage.py", "--data", tiny_bin, "--path", tmp_path / "checkpoint_last.pt", "--entropy"
+    )
     assert '"n": 24' in out.stdout

@@ -1,13 +1,14 @@
 """EKI: distances, labels and groups (hand computations), scaling module, L_E, position
 indicator, models (incremental decoding, BART fine-tuning), fairseq-train/generate."""
+
 import math
 
 import pytest
 import torch
+from conftest import TRAIN_COMMON, run_cli
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.modules import MultiheadAttention
 
-from conftest import TRAIN_COMMON, run_cli
 from fairseq_knowgen.criterions.eki_label_smoothed_cross_entropy import token_classification_loss
 from fairseq_knowgen.data.eki_dataset import EKIDataset
 from fairseq_knowgen.modules.position_indicator import PositionIndicatorAttention, prototype_distances
@@ -36,8 +37,9 @@ def test_annotations_on_subwords_hand_computed():
     d = make_dict("dog run <sep> the dog@@ s are run@@ ning fast runs".split())
     src = encode(d, "dog run <sep> the dog@@ s are run@@ ning fast")
     tgt = encode(d, "the dog runs")
-    ds = EKIDataset(LanguagePairDataset(src=[src], src_sizes=[len(src)], src_dict=d, tgt=[tgt],
-                                        tgt_sizes=[len(tgt)], tgt_dict=d), d)
+    ds = EKIDataset(
+        LanguagePairDataset(src=[src], src_sizes=[len(src)], src_dict=d, tgt=[tgt], tgt_sizes=[len(tgt)], tgt_dict=d), d
+    )
     a = ds.annotate(src, tgt)
     # prototype words the | dog@@ s | are | run@@ ning | fast: lemmas dog, run match the concepts,
     # so pieces 1, 2, 4, 5 of the prototype are centers; </s> is one past the last piece
@@ -104,13 +106,36 @@ def test_position_indicator_attention():
     torch.testing.assert_close(w, torch.softmax(logits, -1), atol=1e-5, rtol=1e-5)
 
 
-EKI_TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
-            "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-            "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--eki-scaling-dim", "8"]
+EKI_TINY = [
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--eki-scaling-dim",
+    "8",
+]
 
 
-@pytest.mark.parametrize("flags", [[], ["--eki-group-embeddings", "0", "--eki-position-layers", "-1"],
-                                   ["--eki-scaling", "0", "--eki-position-indicator", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--eki-group-embeddings", "0", "--eki-position-layers", "-1"],
+        ["--eki-scaling", "0", "--eki-position-indicator", "0"],
+    ],
+)
 def test_incremental_equals_full(eki_bin, flags):
     from helpers import build_task_and_model, first_batch
 
@@ -126,7 +151,9 @@ def test_incremental_equals_full(eki_bin, flags):
     with torch.no_grad():
         full, _ = model.decoder(prev, encoder_out=enc)
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))
+        ]
     real = prev.ne(task.target_dictionary.pad())
     torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=1e-5)
     names = [n for n, _ in model.named_parameters()]
@@ -139,32 +166,118 @@ def test_incremental_equals_full(eki_bin, flags):
 def test_train_with_token_loss_and_generate(eki_bin, tmp_path):
     import json
 
-    out = run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--task", "eki_generation", "--arch", "eki_transformer",
-                  *EKI_TINY, "--criterion", "eki_label_smoothed_cross_entropy", "--eki-lambda", "1.0",
-                  "--label-smoothing", "0.1", "--lr", "3e-3", "--max-update", "25", "--save-dir", tmp_path,
-                  "--log-format", "json")
-    inner = [json.loads(line[line.index("{"):]) for line in (out.stdout + out.stderr).splitlines()
-             if "| train_inner |" in line]
+    out = run_cli(
+        "fairseq-train",
+        eki_bin,
+        *TRAIN_COMMON,
+        "--task",
+        "eki_generation",
+        "--arch",
+        "eki_transformer",
+        *EKI_TINY,
+        "--criterion",
+        "eki_label_smoothed_cross_entropy",
+        "--eki-lambda",
+        "1.0",
+        "--label-smoothing",
+        "0.1",
+        "--lr",
+        "3e-3",
+        "--max-update",
+        "25",
+        "--save-dir",
+        tmp_path,
+        "--log-format",
+        "json"
+    )
+    inner = [
+        json.loads(line[line.index("{") :])
+        for line in (out.stdout + out.stderr).splitlines()
+        if "| train_inner |" in line
+    ]
     assert "loss_e" in inner[0] and float(inner[-1]["loss"]) < float(inner[0]["loss"])
-    gen = run_cli("fairseq-generate", eki_bin, "--user-dir", "fairseq_knowgen", "--cpu", "--task", "eki_generation",
-                  "--path", tmp_path / "checkpoint_last.pt", "--beam", "5", "--batch-size", "4", "--gen-subset", "valid",
-                  "--required-batch-size-multiple", "1")  # fairseq drops a batch when the size is not a multiple
+    gen = run_cli(
+        "fairseq-generate",
+        eki_bin,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--task",
+        "eki_generation",
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--beam",
+        "5",
+        "--batch-size",
+        "4",
+        "--gen-subset",
+        "valid",
+        "--required-batch-size-multiple",
+        "1",
+    )  # fairseq drops a batch when the size is not a multiple
     assert gen.stdout.count("\nH-") == 16
 
 
 def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
-    tiny_bart = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
-                 "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-                 "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+    tiny_bart = [
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+    ]
     pre = tmp_path / "bart"
-    run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--arch", "bart_base", *tiny_bart, "--max-update", "2",
-            "--save-dir", pre)
+    run_cli(
+        "fairseq-train",
+        eki_bin,
+        *TRAIN_COMMON,
+        "--arch",
+        "bart_base",
+        *tiny_bart,
+        "--max-update",
+        "2",
+        "--save-dir",
+        pre
+    )
     bart = torch.load(pre / "checkpoint_last.pt")["model"]
     ft = tmp_path / "ft"
-    run_cli("fairseq-train", eki_bin, *TRAIN_COMMON, "--task", "eki_generation", "--arch", "eki_bart_base", *tiny_bart,
-            "--eki-scaling-dim", "8", "--criterion", "eki_label_smoothed_cross_entropy",
-            "--restore-file", pre / "checkpoint_last.pt", "--reset-optimizer", "--reset-dataloader",
-            "--reset-meters", "--reset-lr-scheduler", "--lr", "1e-12", "--max-update", "1", "--save-dir", ft)
+    run_cli(
+        "fairseq-train",
+        eki_bin,
+        *TRAIN_COMMON,
+        "--task",
+        "eki_generation",
+        "--arch",
+        "eki_bart_base",
+        *tiny_bart,
+        "--eki-scaling-dim",
+        "8",
+        "--criterion",
+        "eki_label_smoothed_cross_entropy",
+        "--restore-file",
+        pre / "checkpoint_last.pt",
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+        "--reset-lr-scheduler",
+        "--lr",
+        "1e-12",
+        "--max-update",
+        "1",
+        "--save-dir",
+        ft
+    )
     tuned = torch.load(ft / "checkpoint_last.pt")["model"]
     for k, v in bart.items():
         torch.testing.assert_close(tuned[k], v, atol=1e-6, rtol=0)

@@ -1,10 +1,11 @@
 """copy_transformer + force_copy: every term against a hand computation, and end to end."""
+
 import math
 
 import pytest
 import torch
-
 from conftest import TRAIN_COMMON, run_cli
+
 from fairseq_knowgen.criterions.force_copy import force_copy_terms, switch_loss
 from fairseq_knowgen.modules.copy_generator import CopyGenerator
 from fairseq_knowgen.prep.placeholders import encode_pair, restore
@@ -79,29 +80,94 @@ def word_level_bin(tiny_raw, tmp_path_factory):
     """Tiny demo data at word level with a vocabulary of frequent words only: most names
     become <unk-N> placeholders."""
     out = tmp_path_factory.mktemp("copybin")
-    run_cli("-m", "fairseq_knowgen.prep.placeholders", "encode", "--train-prefix", tiny_raw / "train",
-            "--splits", tiny_raw / "train", tiny_raw / "valid", tiny_raw / "test", "--out-dir", out / "text",
-            "--min-count", "25", "--min-source-df", "1000", "--max-positions", "40")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--srcdict", out / "text" / "dict.txt", "--tgtdict", out / "text" / "dict.txt",
-            "--trainpref", out / "text" / "train", "--validpref", out / "text" / "valid",
-            "--testpref", out / "text" / "test", "--destdir", out / "bin", "--workers", "1")
+    run_cli(
+        "-m",
+        "fairseq_knowgen.prep.placeholders",
+        "encode",
+        "--train-prefix",
+        tiny_raw / "train",
+        "--splits",
+        tiny_raw / "train",
+        tiny_raw / "valid",
+        tiny_raw / "test",
+        "--out-dir",
+        out / "text",
+        "--min-count",
+        "25",
+        "--min-source-df",
+        "1000",
+        "--max-positions",
+        "40",
+    )
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--srcdict",
+        out / "text" / "dict.txt",
+        "--tgtdict",
+        out / "text" / "dict.txt",
+        "--trainpref",
+        out / "text" / "train",
+        "--validpref",
+        out / "text" / "valid",
+        "--testpref",
+        out / "text" / "test",
+        "--destdir",
+        out / "bin",
+        "--workers",
+        "1",
+    )
     return out
 
 
-TINY_COPY = ["--arch", "copy_transformer_small", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-             "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--criterion", "force_copy"]
+TINY_COPY = [
+    "--arch",
+    "copy_transformer_small",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--criterion",
+    "force_copy",
+]
 
 
 @pytest.mark.parametrize("mode", ["none", "force", "force-unk"])
 def test_each_mode_trains_and_loss_goes_down(word_level_bin, tmp_path, mode):
     import json
 
-    out = run_cli("fairseq-train", word_level_bin / "bin", *TRAIN_COMMON, *TINY_COPY, "--lr", "3e-3",
-                  "--copy-supervision", mode, "--max-update", "30", "--save-dir", tmp_path, "--log-format", "json")
-    inner = [json.loads(line[line.index("{"):]) for line in (out.stdout + out.stderr).splitlines()
-             if "| train_inner |" in line]
+    out = run_cli(
+        "fairseq-train",
+        word_level_bin / "bin",
+        *TRAIN_COMMON,
+        *TINY_COPY,
+        "--lr",
+        "3e-3",
+        "--copy-supervision",
+        mode,
+        "--max-update",
+        "30",
+        "--save-dir",
+        tmp_path,
+        "--log-format",
+        "json"
+    )
+    inner = [
+        json.loads(line[line.index("{") :])
+        for line in (out.stdout + out.stderr).splitlines()
+        if "| train_inner |" in line
+    ]
     assert len(inner) == 30
     assert float(inner[-1]["loss"]) < 0.8 * float(inner[0]["loss"])
     for key in ("loss_vocab", "loss_attn", "loss_pgen", "copy_share", "p_gen"):
@@ -111,18 +177,41 @@ def test_each_mode_trains_and_loss_goes_down(word_level_bin, tmp_path, mode):
 def test_copies_unseen_words_end_to_end(word_level_bin, tiny_raw, tmp_path):
     """With the switch forced to copy (p_gen ~ 0), fairseq-generate outputs source words only,
     and restoring placeholders brings back words that are not in the vocabulary."""
-    run_cli("fairseq-train", word_level_bin / "bin", *TRAIN_COMMON, *TINY_COPY, "--max-update", "3",
-            "--save-dir", tmp_path)
+    run_cli(
+        "fairseq-train", word_level_bin / "bin", *TRAIN_COMMON, *TINY_COPY, "--max-update", "3", "--save-dir", tmp_path
+    )
     ck = torch.load(tmp_path / "checkpoint_last.pt")
     ck["model"]["decoder.copy_generator.switch.weight"].zero_()
     ck["model"]["decoder.copy_generator.switch.bias"].fill_(-30.0)
     torch.save(ck, tmp_path / "copy_only.pt")
     gen = tmp_path / "gen.out"
-    out = run_cli("fairseq-generate", word_level_bin / "bin", "--user-dir", "fairseq_knowgen", "--cpu",
-                  "--path", tmp_path / "copy_only.pt", "--beam", "5", "--batch-size", "8", "--gen-subset", "test")
+    out = run_cli(
+        "fairseq-generate",
+        word_level_bin / "bin",
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--path",
+        tmp_path / "copy_only.pt",
+        "--beam",
+        "5",
+        "--batch-size",
+        "8",
+        "--gen-subset",
+        "test",
+    )
     gen.write_text(out.stdout)
-    run_cli("-m", "fairseq_knowgen.prep.placeholders", "restore", "--gen", gen, "--src", tiny_raw / "test.src",
-            "--out", tmp_path / "restored.out")
+    run_cli(
+        "-m",
+        "fairseq_knowgen.prep.placeholders",
+        "restore",
+        "--gen",
+        gen,
+        "--src",
+        tiny_raw / "test.src",
+        "--out",
+        tmp_path / "restored.out",
+    )
     vocab = {line.split()[0] for line in (word_level_bin / "text" / "dict.txt").read_text().splitlines()}
     src = (tiny_raw / "test.src").read_text().splitlines()
     copied_oov = 0
@@ -136,9 +225,24 @@ def test_copies_unseen_words_end_to_end(word_level_bin, tiny_raw, tmp_path):
     assert copied_oov > 0
 
 
-COPY_TINY_MODEL = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
-                   "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-                   "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+COPY_TINY_MODEL = [
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 
 
 @pytest.mark.parametrize("flags", [[], ["--dimattn-type", "dydim", "--copy-heads", "1"]])
@@ -168,8 +272,9 @@ def test_copy_distribution_uses_diminishing_weights(tiny_bin):
     from fairseq_knowgen.analysis.coverage import teacher_forced_maps
     from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
 
-    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *COPY_TINY_MODEL, "--dimattn-type", "dim",
-                                          "--copy-layer", "0")
+    task, model, _ = build_task_and_model(
+        tiny_bin, "copy_transformer", *COPY_TINY_MODEL, "--dimattn-type", "dim", "--copy-layer", "0"
+    )
     model.eval()
     assert isinstance(model.decoder.layers[0].encoder_attn, DiminishingMultiheadAttention)
     assert not isinstance(model.decoder.layers[1].encoder_attn, DiminishingMultiheadAttention)

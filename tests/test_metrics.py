@@ -1,4 +1,5 @@
 """Each metric against a hand computation on a tiny example."""
+
 import math
 
 import pytest
@@ -107,7 +108,8 @@ def test_entity_copy_hand_computed():
     # entities: "Alan Bean" (found as a whole), "UT Austin" (only "austin" found)
     # entity words {alan, bean, ut, austin}; output has alan, bean, austin;
     # reference has alan, bean (not austin) -> precision 2/3; recall 1/2
-    out = metrics.entity_copy(["Alan Bean went to Austin ."], [["Alan Bean", "UT Austin"]],
-                              [["Alan Bean studied at UT ."]])
+    out = metrics.entity_copy(
+        ["Alan Bean went to Austin ."], [["Alan Bean", "UT Austin"]], [["Alan Bean studied at UT ."]]
+    )
     assert out["entity_recall"] == pytest.approx(50.0)
     assert out["entity_precision"] == pytest.approx(200 / 3)

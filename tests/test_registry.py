@@ -1,13 +1,14 @@
 """Every name this package registers maps to this package's class (fairseq keeps the first
 registration of a name silently, so a clash would hide our class)."""
+
 import os
 import subprocess
 import sys
 
 import pytest
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 import fairseq_knowgen  # noqa: F401
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
 OUR_ARCHS = {
     "transformer_dimattn": "DimAttnTransformerModel",
@@ -19,8 +20,10 @@ OUR_ARCHS = {
     "eki_bart_base": "EKIBARTModel",
     "eki_bart_large": "EKIBARTModel",
 }
-OUR_CRITERIONS = {"force_copy": "ForceCopyCriterion",
-                  "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion"}
+OUR_CRITERIONS = {
+    "force_copy": "ForceCopyCriterion",
+    "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
+}
 OUR_TASKS = {"eki_generation": "EKIGenerationTask"}
 
 
@@ -33,8 +36,11 @@ def test_arch_maps_to_our_class(arch, cls):
 def test_every_registered_model_of_ours_is_listed():
     ours = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_knowgen.")}
     assert ours == set(OUR_ARCHS)
-    assert all(m.__module__.startswith("fairseq_knowgen.") for n, m in MODEL_REGISTRY.items()
-               if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer", "eki_transformer", "eki_bart"})
+    assert all(
+        m.__module__.startswith("fairseq_knowgen.")
+        for n, m in MODEL_REGISTRY.items()
+        if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer", "eki_transformer", "eki_bart"}
+    )
 
 
 @pytest.mark.parametrize("name,cls", sorted(OUR_CRITERIONS.items()))
@@ -46,8 +52,9 @@ def test_criterion_maps_to_our_class(name, cls):
 
 
 def test_user_dir_path_works_from_anywhere(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fairseq_knowgen.user_dir"], cwd=tmp_path,
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-m", "fairseq_knowgen.user_dir"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert os.path.isfile(os.path.join(out, "__init__.py"))
     assert os.path.samefile(out, os.path.dirname(fairseq_knowgen.__file__))
 

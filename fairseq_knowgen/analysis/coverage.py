@@ -10,6 +10,7 @@ The *effective coverage* of source position i is the sum over output steps of th
 used (for DimAttn it telescopes to g(c_i^T) - g(0)); its normalized entropy is the paper's
 coverage-evenness measure (Section 5: higher = attention spread more evenly).
 """
+
 from typing import Dict, List
 
 import torch
@@ -21,8 +22,9 @@ from ..modules.diminishing_attention import DiminishingMultiheadAttention, dimin
 
 def cross_attention_maps(attn: MultiheadAttention, query, key, key_padding_mask=None) -> Dict[str, torch.Tensor]:
     """``raw`` and ``used`` weights, ``B x H x T x S``, for a whole output sequence."""
-    logits, _ = MultiheadAttention.forward(attn, query, key, key, key_padding_mask=key_padding_mask,
-                                           static_kv=True, before_softmax=True)
+    logits, _ = MultiheadAttention.forward(
+        attn, query, key, key, key_padding_mask=key_padding_mask, static_kv=True, before_softmax=True
+    )
     probs = F.softmax(logits.float(), dim=-1).nan_to_num(0.0)
     used = probs
     if isinstance(attn, DiminishingMultiheadAttention):

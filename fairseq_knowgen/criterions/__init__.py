@@ -1,2 +1,3 @@
 """Criterions of fairseq-knowgen (imported for registration)."""
+
 from . import eki_label_smoothed_cross_entropy, force_copy  # noqa: F401

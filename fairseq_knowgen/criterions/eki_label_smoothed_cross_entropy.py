@@ -11,6 +11,7 @@ source token occurs in the target, or is a concept), summed over non-padding sou
 fairseq's losses) with the label accuracy of Mean(Lambda) > 0.5 (``acc_e``). A model
 without the scaling module gives no Lambda, and then L_E is 0.
 """
+
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +40,9 @@ def token_classification_loss(lambda_mean, labels):
 
 @register_criterion("eki_label_smoothed_cross_entropy", dataclass=EKICriterionConfig)
 class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 eki_lambda=1.0):
+    def __init__(
+        self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False, eki_lambda=1.0
+    ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.eki_lambda = eki_lambda
 
@@ -48,8 +50,13 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         net_output = model(**sample["net_input"])
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],
-                          "nsentences": sample["target"].size(0), "sample_size": sample_size}
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
         lam = net_output[1].get("eki_lambda_mean") if isinstance(net_output[1], dict) else None
         if lam is not None and "src_label" in sample:
             loss_e, correct, n = token_classification_loss(lam, sample["src_label"])

@@ -18,6 +18,7 @@ Each term is weighted by a flag and logged on its own, with the share of copy st
 (copy label 1) and the mean p_gen. ``nll_loss`` is always -log P(w*_t) of the mixture, so
 the modes can be compared on the distribution used for decoding.
 """
+
 from dataclasses import dataclass, field
 
 import torch
@@ -52,8 +53,15 @@ def force_copy_terms(probs, vocab_probs, p_gen, copy_attn, src_tokens, target, c
     nll = -probs.gather(-1, target.unsqueeze(-1)).squeeze(-1).clamp_min(eps).log()
     vocab = -vocab_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1).clamp_min(eps).log()
     attn = torch.where(in_src, -attn_on_target.clamp_min(eps).log(), torch.zeros_like(attn_on_target))
-    return {"nll": nll, "vocab": vocab, "attn": attn, "in_src": in_src,
-            "copy_force": in_src, "copy_force_unk": in_src & is_oov[target], "p_gen": p_gen}
+    return {
+        "nll": nll,
+        "vocab": vocab,
+        "attn": attn,
+        "in_src": in_src,
+        "copy_force": in_src,
+        "copy_force_unk": in_src & is_oov[target],
+        "p_gen": p_gen,
+    }
 
 
 def switch_loss(p_gen, copy_label, eps=1e-10):
@@ -80,8 +88,9 @@ class ForceCopyCriterion(FairseqCriterion):
         target = model.get_targets(sample, net_output)
         src_tokens = sample["net_input"]["src_tokens"]
         copyable = ~self.special[src_tokens]
-        t = force_copy_terms(probs, extra["vocab_probs"], extra["p_gen"], extra["copy_attn"], src_tokens,
-                             target, copyable, self.is_oov)
+        t = force_copy_terms(
+            probs, extra["vocab_probs"], extra["p_gen"], extra["copy_attn"], src_tokens, target, copyable, self.is_oov
+        )
         mask = target.ne(self.padding_idx)
         if self.mode == "none":
             per_step = t["nll"]
@@ -100,10 +109,16 @@ class ForceCopyCriterion(FairseqCriterion):
         ntokens = sample["ntokens"]
         sample_size = sample["target"].size(0) if self.sentence_avg else ntokens
         logging_output = {
-            "loss": loss.data, "nll_loss": total(t["nll"]).data, "loss_vocab": total(t["vocab"]).data,
-            "loss_attn": total(t["attn"]).data, "loss_pgen": total(pgen_loss).data,
-            "copy_steps": total(copy_label.float()).data, "p_gen_sum": total(t["p_gen"]).data,
-            "ntokens": ntokens, "nsentences": sample["target"].size(0), "sample_size": sample_size,
+            "loss": loss.data,
+            "nll_loss": total(t["nll"]).data,
+            "loss_vocab": total(t["vocab"]).data,
+            "loss_attn": total(t["attn"]).data,
+            "loss_pgen": total(pgen_loss).data,
+            "copy_steps": total(copy_label.float()).data,
+            "p_gen_sum": total(t["p_gen"]).data,
+            "ntokens": ntokens,
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
         }
         return loss, sample_size, logging_output
 

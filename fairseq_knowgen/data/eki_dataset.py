@@ -13,6 +13,7 @@ in the model):
 - ``label``: the target of L_E (Eq. 6): 1 if the token id occurs in the target, 1 for all
   concept tokens, 0 otherwise (padding is ignored by the loss).
 """
+
 from functools import lru_cache
 from typing import Dict, List
 
@@ -57,8 +58,10 @@ class EKIDataset(BaseWrapperDataset):
         self.dict = src_dict
         self.sep = src_dict.index(SEPARATOR)
         if self.sep == src_dict.unk():
-            raise ValueError(f"{path}: the source dictionary has no '{SEPARATOR}' symbol; "
-                             f"make sources as 'concepts {SEPARATOR} prototype' (and keep it out of BPE)")
+            raise ValueError(
+                f"{path}: the source dictionary has no '{SEPARATOR}' symbol; "
+                f"make sources as 'concepts {SEPARATOR} prototype' (and keep it out of BPE)"
+            )
         self.max_distance = max_distance
         self.left_pad_source = getattr(dataset, "left_pad_source", True)
 
@@ -74,12 +77,13 @@ class EKIDataset(BaseWrapperDataset):
         group = [CONCEPT_GROUP] * (sep + 1) + [PROTOTYPE_GROUP] * (n - sep - 1)
         distance = [0] * n
         if proto:
-            concept_lemmas = {self._lemma(w) for w in join_words([self.dict[i] for i in ids[:max(sep, 0)]])}
+            concept_lemmas = {self._lemma(w) for w in join_words([self.dict[i] for i in ids[: max(sep, 0)]])}
             pieces = [self.dict[ids[v]] for v in proto]
             word_idx = words_of_pieces(pieces)
             word_is_concept = [self._lemma(w) in concept_lemmas for w in join_words(pieces)]
-            is_center = [word_is_concept[word_idx[k]] if word_idx[k] < len(word_is_concept) else False
-                         for k in range(len(proto))]
+            is_center = [
+                word_is_concept[word_idx[k]] if word_idx[k] < len(word_is_concept) else False for k in range(len(proto))
+            ]
             for v, d in zip(proto, prototype_distances(is_center, self.max_distance)):
                 distance[v] = d
             if n - 1 > sep and ids[-1] == self.dict.eos():  # </s>: one past the last prototype piece

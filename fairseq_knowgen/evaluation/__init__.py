@@ -1,4 +1,5 @@
 """Shared evaluation for every recipe: reading outputs, metrics, and the report table."""
+
 from .metrics import (  # noqa: F401
     bleu4,
     cider_d,

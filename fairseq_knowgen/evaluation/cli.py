@@ -8,6 +8,7 @@ Examples::
     # several systems at once, appended as rows of one table
     python scripts/evaluate.py --hyp a.out b.out --name base dimattn --refs r0.txt r1.txt
 """
+
 import argparse
 import json
 import sys
@@ -20,17 +21,32 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hyp", nargs="+", required=True, help="fairseq-generate output or plain hypothesis file(s)")
     p.add_argument("--name", nargs="+", help="system names for the table (default: file names)")
-    p.add_argument("--refs", nargs="+", required=True,
-                   help="line-aligned reference files (one per reference slot), or one .jsonl of lists")
+    p.add_argument(
+        "--refs",
+        nargs="+",
+        required=True,
+        help="line-aligned reference files (one per reference slot), or one .jsonl of lists",
+    )
     p.add_argument("--src", help="source (input) file, one line per input: enables copy and novelty metrics")
-    p.add_argument("--concepts-from-src", action="store_true",
-                   help="the source lines are space-separated concepts (CommonGen): report coverage")
+    p.add_argument(
+        "--concepts-from-src",
+        action="store_true",
+        help="the source lines are space-separated concepts (CommonGen): report coverage",
+    )
     p.add_argument("--concepts", help="file of concepts per input, separated by '|' (multi-word concepts)")
     p.add_argument("--entities", help="file of source entities per input, separated by '|' (WebNLG)")
-    p.add_argument("--bpe", default="subword_nmt", choices=["subword_nmt", "none"],
-                   help="subword scheme to undo on hypotheses and references")
-    p.add_argument("--detok", default="none", choices=["moses", "none"],
-                   help="Moses-detokenize hypotheses, references and sources before scoring")
+    p.add_argument(
+        "--bpe",
+        default="subword_nmt",
+        choices=["subword_nmt", "none"],
+        help="subword scheme to undo on hypotheses and references",
+    )
+    p.add_argument(
+        "--detok",
+        default="none",
+        choices=["moses", "none"],
+        help="Moses-detokenize hypotheses, references and sources before scoring",
+    )
     p.add_argument("--repeat-n", type=int, default=3, help="n of the repeated n-gram rate")
     p.add_argument("--novel-n", type=int, default=2, help="n of the novel n-gram ratio")
     p.add_argument("--no-cider", action="store_true", help="skip CIDEr-D")
@@ -88,8 +104,9 @@ def run(args):
 
 def _check_count(path, n, n_refs, ref_path):
     if n != n_refs:
-        raise DataError(path, min(n, n_refs) + 1,
-                        f"{n} inputs here but {n_refs} in {ref_path} (the files must be aligned)")
+        raise DataError(
+            path, min(n, n_refs) + 1, f"{n} inputs here but {n_refs} in {ref_path} (the files must be aligned)"
+        )
 
 
 if __name__ == "__main__":

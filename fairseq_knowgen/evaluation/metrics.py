@@ -10,6 +10,7 @@ report see the same tokens. Well-kept libraries do the work wherever one exists:
 - CIDEr-D: ``pycocoevalcap`` (the COCO caption implementation, which is CIDEr-D);
 - lemmas for concept coverage: ``simplemma``.
 """
+
 import math
 import re
 from collections import Counter
@@ -164,7 +165,9 @@ def coverage_entropy(coverage: Sequence[float], eps: float = 1e-12) -> Optional[
     return -sum(p * math.log(p) for p in ps)
 
 
-def entity_copy(hyps: Sequence[str], entities: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]) -> Dict[str, float]:
+def entity_copy(
+    hyps: Sequence[str], entities: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]
+) -> Dict[str, float]:
     """Entity copying (0-100), for data-to-text inputs with named entities (WebNLG).
 
     - ``entity_recall``: share of source entities whose whole token sequence occurs in the

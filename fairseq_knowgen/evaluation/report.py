@@ -10,6 +10,7 @@ References: either several line-aligned files (reference k of every input in fil
 JSON-lines file with one list of references per input. Both hypotheses and references go
 through the same :func:`normalize` (BPE joins, optional Moses detokenization).
 """
+
 import re
 from typing import Dict, List, Optional, Sequence
 

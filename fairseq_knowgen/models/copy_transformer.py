@@ -10,6 +10,7 @@ With ``--dimattn-type`` (and the other ``--dimattn-*`` flags) the cross-attentio
 copy layer (and any layer named by ``--dimattn-layers``) becomes diminishing attention,
 and the copy distribution uses the diminishing weights.
 """
+
 import re
 from typing import Any, Dict, List, Optional
 
@@ -49,8 +50,13 @@ class SourceKeepingEncoder(TransformerEncoderBase):
     """fairseq's encoder, which also returns ``src_tokens`` (the copy head scatters onto
     them; fairseq's ``reorder_encoder_out`` already reorders that entry in beam search)."""
 
-    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
-                token_embeddings: Optional[Tensor] = None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+    ):
         out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         out["src_tokens"] = [src_tokens]
         return out
@@ -83,8 +89,11 @@ class CopyTransformerDecoder(TransformerDecoderBase):
         """Returns (P(w) ``B x T x V`` probabilities, extra) where extra holds ``p_gen``
         (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_probs`` and ``attn``."""
         x, extra = self.extract_features(
-            prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
-            alignment_layer=self.copy_layer, alignment_heads=self.copy_heads,
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            incremental_state=incremental_state,
+            alignment_layer=self.copy_layer,
+            alignment_heads=self.copy_heads,
         )
         if features_only:
             return x, extra
@@ -93,7 +102,12 @@ class CopyTransformerDecoder(TransformerDecoderBase):
         src_tokens = encoder_out["src_tokens"][0]
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
         out = self.copy_generator(
-            self.output_layer(x), x, input_embed, extra["attn"][0], enc, src_tokens,
+            self.output_layer(x),
+            x,
+            input_embed,
+            extra["attn"][0],
+            enc,
+            src_tokens,
             copyable_mask(src_tokens, self.special),
         )
         extra.update(p_gen=out["p_gen"], copy_attn=out["copy_attn"], vocab_probs=out["vocab_probs"])
@@ -112,10 +126,18 @@ class CopyTransformerModel(TransformerModel):
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
-        parser.add_argument("--copy-layer", type=int, metavar="L",
-                            help="decoder layer whose cross-attention is the copy attention (default -1: last)")
-        parser.add_argument("--copy-heads", type=int, metavar="H",
-                            help="average the copy attention over the first H heads (default: all)")
+        parser.add_argument(
+            "--copy-layer",
+            type=int,
+            metavar="L",
+            help="decoder layer whose cross-attention is the copy attention (default -1: last)",
+        )
+        parser.add_argument(
+            "--copy-heads",
+            type=int,
+            metavar="H",
+            help="average the copy attention over the first H heads (default: all)",
+        )
         add_dimattn_args(parser)
 
     @classmethod
@@ -125,8 +147,9 @@ class CopyTransformerModel(TransformerModel):
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        decoder = CopyTransformerDecoder(cfg, tgt_dict, embed_tokens, getattr(args, "copy_layer", -1),
-                                         getattr(args, "copy_heads", None))
+        decoder = CopyTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, getattr(args, "copy_layer", -1), getattr(args, "copy_heads", None)
+        )
         if getattr(args, "dimattn_type", None):
             dimattn_defaults(args)
             if getattr(args, "dimattn_layers", "-1") == "-1":

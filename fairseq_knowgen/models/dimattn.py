@@ -15,6 +15,7 @@ Architectures (``--arch``):
 
 The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
 """
+
 from typing import List
 
 from fairseq.models import register_model, register_model_architecture
@@ -30,17 +31,23 @@ from ..modules.diminishing_attention import (
 
 
 def add_dimattn_args(parser):
-    parser.add_argument("--dimattn-type", choices=["dim", "dydim"],
-                        help="DimAttn (Eq. 4) or dynamic DyDimAttn (Eq. 5)")
-    parser.add_argument("--dimattn-g", type=str, metavar="G",
-                        help=f"concave g (g1 for dydim): {CONCAVE_CHOICES}")
-    parser.add_argument("--dimattn-g2", type=str, metavar="G",
-                        help="dydim only: the slower-diminishing g2 (g2' >= g1')")
-    parser.add_argument("--dimattn-normalize", action="store_true",
-                        help="renormalize the diminishing weights to sum to 1 (the paper: no)")
-    parser.add_argument("--dimattn-layers", type=str, metavar="L",
-                        help="decoder layers with diminishing cross-attention: 'all' or a "
-                             "comma list of indices, negative from the end (default: -1)")
+    parser.add_argument("--dimattn-type", choices=["dim", "dydim"], help="DimAttn (Eq. 4) or dynamic DyDimAttn (Eq. 5)")
+    parser.add_argument("--dimattn-g", type=str, metavar="G", help=f"concave g (g1 for dydim): {CONCAVE_CHOICES}")
+    parser.add_argument(
+        "--dimattn-g2", type=str, metavar="G", help="dydim only: the slower-diminishing g2 (g2' >= g1')"
+    )
+    parser.add_argument(
+        "--dimattn-normalize",
+        action="store_true",
+        help="renormalize the diminishing weights to sum to 1 (the paper: no)",
+    )
+    parser.add_argument(
+        "--dimattn-layers",
+        type=str,
+        metavar="L",
+        help="decoder layers with diminishing cross-attention: 'all' or a "
+        "comma list of indices, negative from the end (default: -1)",
+    )
 
 
 def dimattn_defaults(args):

@@ -23,6 +23,7 @@ that the pretrained model is unchanged: zero group and distance embeddings, 2 La
 ``--restore-file`` loads the BART weights non-strictly for the new parameters only: they are
 absent from the checkpoint and keep their initialization (see ``load_state_dict``).
 """
+
 from typing import Dict, List, Optional
 
 from fairseq.models import register_model, register_model_architecture
@@ -50,8 +51,12 @@ def add_eki_args(parser):
     parser.add_argument("--eki-scaling", type=int, choices=[0, 1], help="scaling module on the encoder output (Eq. 5)")
     parser.add_argument("--eki-scaling-dim", type=int, help="inner size d_s of the scaling module")
     parser.add_argument("--eki-scaling-init-std", type=float, help="std of the N(0, std^2) scaling-module init")
-    parser.add_argument("--eki-position-indicator", type=int, choices=[0, 1],
-                        help="distance embedding E_D in the cross-attention keys (Eq. 9)")
+    parser.add_argument(
+        "--eki-position-indicator",
+        type=int,
+        choices=[0, 1],
+        help="distance embedding E_D in the cross-attention keys (Eq. 9)",
+    )
     parser.add_argument("--eki-position-layers", type=str, help="decoder layers with E_D: 'all' or indices")
     parser.add_argument("--eki-max-distance", type=int, help="distances are clipped here (E_D has this + 1 rows)")
 
@@ -62,7 +67,9 @@ def eki_defaults(args):
     args.eki_scaling = 1 if getattr(args, "eki_scaling", None) is None else args.eki_scaling
     args.eki_scaling_dim = getattr(args, "eki_scaling_dim", None) or 128
     args.eki_scaling_init_std = getattr(args, "eki_scaling_init_std", None) or 1e-3
-    args.eki_position_indicator = 1 if getattr(args, "eki_position_indicator", None) is None else args.eki_position_indicator
+    args.eki_position_indicator = (
+        1 if getattr(args, "eki_position_indicator", None) is None else args.eki_position_indicator
+    )
     args.eki_position_layers = getattr(args, "eki_position_layers", None) or "all"
     args.eki_max_distance = getattr(args, "eki_max_distance", None) or 64
 
@@ -78,11 +85,19 @@ class EKIEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens)
         dim = embed_tokens.embedding_dim
         self.group_embedding = GroupEmbedding(dim) if args.eki_group_embeddings else None
-        self.scaling = ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std) if args.eki_scaling else None
+        self.scaling = (
+            ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std) if args.eki_scaling else None
+        )
 
-    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, src_group: Optional[Tensor] = None,
-                src_distance: Optional[Tensor] = None, return_all_hiddens: bool = False,
-                token_embeddings: Optional[Tensor] = None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        src_group: Optional[Tensor] = None,
+        src_distance: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+    ):
         if self.group_embedding is not None:
             if src_group is None:
                 raise ValueError("group embeddings need src_group: use --task eki_generation")
@@ -116,11 +131,24 @@ class EKIDecoder(TransformerDecoderBase):
             for i in self.position_layers:
                 old = self.layers[i].encoder_attn
                 self.layers[i].encoder_attn = PositionIndicatorAttention(
-                    old.embed_dim, old.num_heads, max_distance=args.eki_max_distance, kdim=old.kdim,
-                    vdim=old.vdim, dropout=old.dropout_module.p, bias=old.k_proj.bias is not None)
+                    old.embed_dim,
+                    old.num_heads,
+                    max_distance=args.eki_max_distance,
+                    kdim=old.kdim,
+                    vdim=old.vdim,
+                    dropout=old.dropout_module.p,
+                    bias=old.k_proj.bias is not None,
+                )
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                         full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+    def extract_features(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
         # fairseq's decoder layer has no argument for the distances: hand them to the
         # position-indicator attentions for the duration of this call only
         attns = [self.layers[i].encoder_attn for i in self.position_layers]
@@ -130,8 +158,14 @@ class EKIDecoder(TransformerDecoderBase):
             for a in attns:
                 a.distances = encoder_out["src_distance"][0]
         try:
-            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state,
-                                                full_context_alignment, alignment_layer, alignment_heads)
+            x, extra = super().extract_features(
+                prev_output_tokens,
+                encoder_out,
+                incremental_state,
+                full_context_alignment,
+                alignment_layer,
+                alignment_heads,
+            )
         finally:
             for a in attns:
                 a.distances = None
@@ -189,9 +223,20 @@ class EKIBARTModel(EKIMixin, BARTModel):
         BARTModel.add_args(parser)
         add_eki_args(parser)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, src_group=None, src_distance=None,
-                features_only=False, classification_head_name=None, token_embeddings=None,
-                return_all_hiddens=True, alignment_layer=None, alignment_heads=None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        src_group=None,
+        src_distance=None,
+        features_only=False,
+        classification_head_name=None,
+        token_embeddings=None,
+        return_all_hiddens=True,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
         return EKIMixin.forward(self, src_tokens, src_lengths, prev_output_tokens, src_group, src_distance)
 
 

@@ -20,6 +20,7 @@ Choices the text leaves open (documented here, flags of ``copy_transformer``):
   :mod:`fairseq_knowgen.prep.placeholders`. With subword (BPE) input every piece is in the
   vocabulary, and the head copies pieces.
 """
+
 from typing import Dict, Optional
 
 import torch

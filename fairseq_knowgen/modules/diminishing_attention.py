@@ -38,6 +38,7 @@ time; incremental decoding keeps the running coverage c^{t-1} and running max pe
 (sentence x beam, head, source position) in fairseq's incremental state, so that every
 step costs the same however many steps came before.
 """
+
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -135,8 +136,7 @@ class DiminishingMultiheadAttention(MultiheadAttention):
         normalize: renormalize the weights to sum to 1 over source positions.
     """
 
-    def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="identity",
-                 normalize=False, **kwargs):
+    def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="identity", normalize=False, **kwargs):
         kwargs["encoder_decoder_attention"] = True
         super().__init__(embed_dim, num_heads, **kwargs)
         if dim_type not in ("dim", "dydim"):
@@ -173,8 +173,13 @@ class DiminishingMultiheadAttention(MultiheadAttention):
         tgt_len, bsz, _ = query.size()
         # the parent projects q, k, v, reads/writes the cached keys and values, masks padding
         logits, v = super().forward(
-            query, key, value, key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state, static_kv=True, before_softmax=True,
+            query,
+            key,
+            value,
+            key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state,
+            static_kv=True,
+            before_softmax=True,
         )  # logits: (B*H) x T x S; v: (kv_bsz*H) x S x d
         probs = F.softmax(logits.float(), dim=-1)
         src_len = probs.size(-1)

@@ -9,6 +9,7 @@ position embeddings::
 Group ids: 0 padding (and anything outside both parts), 1 concept, 2 prototype. The table
 starts at zero, so a pretrained model's input is unchanged at the first step.
 """
+
 import torch.nn as nn
 from torch import Tensor
 

@@ -19,6 +19,7 @@ implemented as the usual logits plus q . E_D(D) per head, so that the cached key
 values of incremental decoding stay fairseq's. E_D starts at zero (the pretrained
 attention unchanged).
 """
+
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -53,19 +54,41 @@ class PositionIndicatorAttention(MultiheadAttention):
         # decoder layer passes no extra arguments to its attention)
         self.distances: Optional[Tensor] = None
 
-    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
-                static_kv=True, attn_mask=None, before_softmax=False, need_head_weights=False,
-                distances: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        incremental_state=None,
+        need_weights=True,
+        static_kv=True,
+        attn_mask=None,
+        before_softmax=False,
+        need_head_weights=False,
+        distances: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         distances = self.distances if distances is None else distances
         if distances is None:
             raise ValueError("the position indicator needs the prototype distances of the source")
         tgt_len, bsz, _ = query.size()
-        logits, v = super().forward(query, key, value, key_padding_mask=key_padding_mask,
-                                    incremental_state=incremental_state, static_kv=True, before_softmax=True)
+        logits, v = super().forward(
+            query,
+            key,
+            value,
+            key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state,
+            static_kv=True,
+            before_softmax=True,
+        )
         # q . E_D(D) per head: q as the parent scales it, distances per (sentence x beam)
         q = (self.q_proj(query) * self.scaling).view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
         e = self.distance_embed(distances.clamp(0, self.max_distance))  # B x S x C
-        e = e.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2).reshape(bsz * self.num_heads, -1, self.head_dim)
+        e = (
+            e.view(bsz, -1, self.num_heads, self.head_dim)
+            .transpose(1, 2)
+            .reshape(bsz * self.num_heads, -1, self.head_dim)
+        )
         logits = logits + torch.bmm(q, e.transpose(1, 2))
         probs = F.softmax(logits.float(), dim=-1).type_as(logits)
         kv_bsz = v.size(0) // self.num_heads
@@ -73,8 +96,11 @@ class PositionIndicatorAttention(MultiheadAttention):
         if kv_bsz == bsz:
             attn = torch.bmm(p, v)
         else:  # values stored once per sentence for all its beams
-            attn = torch.einsum("bxhts,bhsd->bxhtd", p.view(kv_bsz, -1, self.num_heads, tgt_len, p.size(-1)),
-                                v.view(kv_bsz, self.num_heads, -1, self.head_dim)).reshape(-1, tgt_len, self.head_dim)
+            attn = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                p.view(kv_bsz, -1, self.num_heads, tgt_len, p.size(-1)),
+                v.view(kv_bsz, self.num_heads, -1, self.head_dim),
+            ).reshape(-1, tgt_len, self.head_dim)
         attn = self.out_proj(attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim))
         weights = None
         if need_weights:

@@ -12,6 +12,7 @@ pretrained model's encoder output is not disturbed. ``Mean(Lambda_v)`` over chan
 probability of the token-level classification L_E (Eq. 6, in the criterion
 ``eki_label_smoothed_cross_entropy``): does token v occur in the target?
 """
+
 import torch
 import torch.nn as nn
 from fairseq import utils

@@ -1,4 +1,5 @@
 """Tokenization and writing shared by the data-preparation modules."""
+
 import json
 import os
 from typing import Iterable, List

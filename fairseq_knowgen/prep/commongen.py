@@ -14,6 +14,7 @@ Output (``--out``), all lower-cased and Moses-tokenized:
 
     python -m fairseq_knowgen.prep.commongen --data ../shared/data/commongen --out OUT
 """
+
 import argparse
 import os
 from typing import List, Tuple

@@ -22,6 +22,7 @@ in the vocabulary and the head copies pieces.
         --splits RAW/train RAW/valid --out-dir OUT [--min-count 2 --max-positions 100]
     python -m fairseq_knowgen.prep.placeholders restore --gen gen.out --src RAW/valid.src --out gen.restored
 """
+
 import argparse
 import os
 import re
@@ -37,8 +38,9 @@ def placeholder(i: int) -> str:
     return f"<unk-{i}>"
 
 
-def build_vocab(src: List[str], tgt: List[str], min_count: int = 2, min_source_df: int = 5,
-                max_size: int = 0) -> Counter:
+def build_vocab(
+    src: List[str], tgt: List[str], min_count: int = 2, min_source_df: int = 5, max_size: int = 0
+) -> Counter:
     """The fixed vocabulary: words that must often be *generated*, plus frequent input words.
 
     A word is kept if it occurs at least ``min_count`` times in a target line whose source
@@ -131,8 +133,12 @@ def main(argv=None):
     e.add_argument("--train-prefix", required=True, help="PREFIX.src / PREFIX.tgt of the training data")
     e.add_argument("--splits", nargs="+", required=True, help="prefixes to encode (PREFIX.src, PREFIX.tgt)")
     e.add_argument("--out-dir", required=True)
-    e.add_argument("--min-count", type=int, default=2,
-                   help="keep words generated (target, not in its source) at least this often in train")
+    e.add_argument(
+        "--min-count",
+        type=int,
+        default=2,
+        help="keep words generated (target, not in its source) at least this often in train",
+    )
     e.add_argument("--min-source-df", type=int, default=5, help="keep words of at least this many distinct sources")
     e.add_argument("--max-size", type=int, default=0, help="keep at most this many words (0: no limit)")
     e.add_argument("--max-positions", type=int, default=100, help="number of placeholders <unk-0..K-1>")

@@ -18,6 +18,7 @@ Corpora:
     python scripts/retrieve_prototypes.py --queries RAW/valid.src --out RAW/valid.proto.wiki \\
         --corpus ../shared/data/wikitext-2/valid.txt --plain-text
 """
+
 import argparse
 import json
 import re
@@ -75,8 +76,9 @@ class PrototypeRetriever:
 
         unique = sorted(set(queries))
         k = min(candidates, len(self.corpus))
-        docs, scores = self.index.retrieve(bm25s.tokenize(unique, stopwords="en", show_progress=False),
-                                           k=k, show_progress=False, n_threads=n_threads)
+        docs, scores = self.index.retrieve(
+            bm25s.tokenize(unique, stopwords="en", show_progress=False), k=k, show_progress=False, n_threads=n_threads
+        )
         best = {}
         for q, row, srow in zip(unique, docs, scores):
             concepts = [lemma(c) for c in q.split()]
@@ -120,9 +122,13 @@ def main(argv=None):
     found = retriever.retrieve(queries, a.candidates, a.threads)
     with atomic_write(a.out) as f:
         f.writelines((corpus[d] if d >= 0 else "") + "\n" for d, _ in found)
-    report = {"queries": len(queries), "distinct": len(set(queries)), "corpus": len(corpus),
-              "prototype_concept_coverage": round(100 * float(np.mean([c for _, c in found])), 2),
-              "seconds": round(time.time() - t0, 1)}
+    report = {
+        "queries": len(queries),
+        "distinct": len(set(queries)),
+        "corpus": len(corpus),
+        "prototype_concept_coverage": round(100 * float(np.mean([c for _, c in found])), 2),
+        "seconds": round(time.time() - t0, 1),
+    }
     print(json.dumps(report))
     return report
 

@@ -22,6 +22,7 @@ Evaluation inputs per split (one line per entry): ``.refs.jsonl`` (all texts, un
 
     python -m fairseq_knowgen.prep.webnlg --data ../shared/data/webnlg --out OUT
 """
+
 import argparse
 import glob
 import os
@@ -129,8 +130,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="the WebNLG folder holding train/ and dev/")
     p.add_argument("--out", required=True)
-    p.add_argument("--heldout-categories", default=",".join(DEFAULT_HELDOUT),
-                   help="training categories held out as the unseen-category split (comma list; '' for none)")
+    p.add_argument(
+        "--heldout-categories",
+        default=",".join(DEFAULT_HELDOUT),
+        help="training categories held out as the unseen-category split (comma list; '' for none)",
+    )
     a = p.parse_args(argv)
     prepare(a.data, a.out, [c for c in a.heldout_categories.split(",") if c])
 

@@ -1,2 +1,3 @@
 """Tasks of fairseq-knowgen (imported for registration)."""
+
 from . import eki_generation  # noqa: F401

@@ -6,6 +6,7 @@ distances, L_E labels), which reach the model as ``src_group`` / ``src_distance`
 ``net_input`` and the criterion as ``src_label``. Binarize with ``fairseq-preprocess`` as
 for translation; keep ``<sep>`` out of BPE (``subword-nmt apply-bpe --glossaries '<sep>'``).
 """
+
 from dataclasses import dataclass, field
 
 from fairseq.tasks import register_task
@@ -23,8 +24,9 @@ class EKIGenerationConfig(TranslationConfig):
 class EKIGenerationTask(TranslationTask):
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch, combine, **kwargs)
-        self.datasets[split] = EKIDataset(self.datasets[split], self.src_dict, self.cfg.eki_max_distance,
-                                          path=f"{self.cfg.data}:{split}")
+        self.datasets[split] = EKIDataset(
+            self.datasets[split], self.src_dict, self.cfg.eki_max_distance, path=f"{self.cfg.data}:{split}"
+        )
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)

@@ -16,6 +16,7 @@ Architectures (``--arch``):
 The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
 """
 
+import functools
 from typing import List
 
 from fairseq.models import register_model, register_model_architecture
@@ -23,6 +24,7 @@ from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import (
     CONCAVE_CHOICES,
     DiminishingMultiheadAttention,
@@ -83,23 +85,14 @@ def install_diminishing_attention(decoder, args):
     parse_concave(args.dimattn_g)  # fail early on a bad spec
     if args.dimattn_type == "dydim":
         parse_concave(args.dimattn_g2)
-    for i in parse_layers(args.dimattn_layers, len(decoder.layers)):
-        old = decoder.layers[i].encoder_attn
-        if old is None:
-            raise ValueError("diminishing attention needs decoder cross-attention")
-        decoder.layers[i].encoder_attn = DiminishingMultiheadAttention(
-            old.embed_dim,
-            old.num_heads,
-            dim_type=args.dimattn_type,
-            g=args.dimattn_g,
-            g2=args.dimattn_g2,
-            normalize=args.dimattn_normalize,
-            kdim=old.kdim,
-            vdim=old.vdim,
-            dropout=old.dropout_module.p,
-            bias=old.k_proj.bias is not None,
-        )
-    return decoder
+    build = functools.partial(
+        DiminishingMultiheadAttention,
+        dim_type=args.dimattn_type,
+        g=args.dimattn_g,
+        g2=args.dimattn_g2,
+        normalize=args.dimattn_normalize,
+    )
+    return replace_cross_attention(decoder, parse_layers(args.dimattn_layers, len(decoder.layers)), build)
 
 
 class DimAttnMixin:

@@ -24,6 +24,7 @@ that the pretrained model is unchanged: zero group and distance embeddings, 2 La
 absent from the checkpoint and keep their initialization (see ``load_state_dict``).
 """
 
+import functools
 from typing import Dict, List, Optional
 
 from fairseq.models import register_model, register_model_architecture
@@ -38,6 +39,7 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
+from ..modules.cross_attention import replace_cross_attention
 from ..modules.group_embedding import GroupEmbedding
 from ..modules.position_indicator import PositionIndicatorAttention
 from ..modules.scaling_module import ScalingModule
@@ -128,17 +130,8 @@ class EKIDecoder(TransformerDecoderBase):
         self.position_layers = []
         if args.eki_position_indicator:
             self.position_layers = parse_layers(args.eki_position_layers, len(self.layers))
-            for i in self.position_layers:
-                old = self.layers[i].encoder_attn
-                self.layers[i].encoder_attn = PositionIndicatorAttention(
-                    old.embed_dim,
-                    old.num_heads,
-                    max_distance=args.eki_max_distance,
-                    kdim=old.kdim,
-                    vdim=old.vdim,
-                    dropout=old.dropout_module.p,
-                    bias=old.k_proj.bias is not None,
-                )
+            build = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
+            replace_cross_attention(self, self.position_layers, build)
 
     def extract_features(
         self,

@@ -43,8 +43,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from fairseq.modules import MultiheadAttention
 from torch import Tensor
+
+from .cross_attention import ReweightedCrossAttention
 
 
 def parse_concave(spec: str) -> Callable[[Tensor], Tensor]:
@@ -120,7 +121,7 @@ def diminishing_weights(
     return dim, cov[:, -1:], run_max[:, -1:]
 
 
-class DiminishingMultiheadAttention(MultiheadAttention):
+class DiminishingMultiheadAttention(ReweightedCrossAttention):
     """Encoder-decoder multi-head attention whose context uses diminishing weights.
 
     A drop-in replacement for fairseq's encoder-decoder ``MultiheadAttention``: the same
@@ -137,7 +138,6 @@ class DiminishingMultiheadAttention(MultiheadAttention):
     """
 
     def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="identity", normalize=False, **kwargs):
-        kwargs["encoder_decoder_attention"] = True
         super().__init__(embed_dim, num_heads, **kwargs)
         if dim_type not in ("dim", "dydim"):
             raise ValueError(f"dim_type must be 'dim' or 'dydim', got {dim_type!r}")
@@ -172,17 +172,8 @@ class DiminishingMultiheadAttention(MultiheadAttention):
             raise ValueError("diminishing attention is encoder-decoder attention: no attn_mask")
         tgt_len, bsz, _ = query.size()
         # the parent projects q, k, v, reads/writes the cached keys and values, masks padding
-        logits, v = super().forward(
-            query,
-            key,
-            value,
-            key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state,
-            static_kv=True,
-            before_softmax=True,
-        )  # logits: (B*H) x T x S; v: (kv_bsz*H) x S x d
+        logits, v = self.masked_logits_and_values(query, key, value, key_padding_mask, incremental_state)
         probs = F.softmax(logits.float(), dim=-1)
-        src_len = probs.size(-1)
         if incremental_state is None:
             probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
 
@@ -192,27 +183,7 @@ class DiminishingMultiheadAttention(MultiheadAttention):
         )
         if incremental_state is not None:
             self._set_coverage_state(incremental_state, {"coverage": cov, "max": run_max})
-        weights = weights.type_as(logits)
-        attn = self._mix_values(self.dropout_module(weights), v, bsz, tgt_len)
-        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
-        attn = self.out_proj(attn)
-
-        out_weights: Optional[Tensor] = None
-        if need_weights:
-            out_weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                out_weights = out_weights.mean(dim=0)
-        return attn, out_weights
-
-    def _mix_values(self, weights: Tensor, v: Tensor, bsz: int, tgt_len: int) -> Tensor:
-        """weights (B*H) x T x S times values; values may be shared by the beams of a
-        sentence (fairseq stores them once per sentence when ``beam_size`` is set)."""
-        kv_bsz = v.size(0) // self.num_heads
-        if kv_bsz == bsz:
-            return torch.bmm(weights, v)
-        w = weights.view(kv_bsz, -1, self.num_heads, tgt_len, weights.size(-1))
-        out = torch.einsum("bxhts,bhsd->bxhtd", w, v.view(kv_bsz, self.num_heads, -1, self.head_dim))
-        return out.reshape(-1, tgt_len, self.head_dim)
+        return self.attend(weights.type_as(logits), v, bsz, tgt_len, need_weights, need_head_weights)
 
     def _get_coverage_state(self, incremental_state) -> Dict[str, Tensor]:
         if incremental_state is None:

@@ -25,8 +25,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fairseq.modules import MultiheadAttention
 from torch import Tensor
+
+from .cross_attention import ReweightedCrossAttention
 
 
 def prototype_distances(is_center: Sequence[bool], max_distance: int) -> List[int]:
@@ -37,7 +38,7 @@ def prototype_distances(is_center: Sequence[bool], max_distance: int) -> List[in
     return [min(min(abs(v - p) for p in centers) + 1, max_distance) for v in range(len(is_center))]
 
 
-class PositionIndicatorAttention(MultiheadAttention):
+class PositionIndicatorAttention(ReweightedCrossAttention):
     """Encoder-decoder attention with the position indicator added to its keys (Eq. 9).
 
     Same parameters as fairseq's ``MultiheadAttention`` plus ``distance_embed``
@@ -45,7 +46,6 @@ class PositionIndicatorAttention(MultiheadAttention):
     """
 
     def __init__(self, embed_dim, num_heads, max_distance: int = 64, **kwargs):
-        kwargs["encoder_decoder_attention"] = True
         super().__init__(embed_dim, num_heads, **kwargs)
         self.max_distance = max_distance
         self.distance_embed = nn.Embedding(max_distance + 1, embed_dim)
@@ -72,15 +72,7 @@ class PositionIndicatorAttention(MultiheadAttention):
         if distances is None:
             raise ValueError("the position indicator needs the prototype distances of the source")
         tgt_len, bsz, _ = query.size()
-        logits, v = super().forward(
-            query,
-            key,
-            value,
-            key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state,
-            static_kv=True,
-            before_softmax=True,
-        )
+        logits, v = self.masked_logits_and_values(query, key, value, key_padding_mask, incremental_state)
         # q . E_D(D) per head: q as the parent scales it, distances per (sentence x beam)
         q = (self.q_proj(query) * self.scaling).view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
         e = self.distance_embed(distances.clamp(0, self.max_distance))  # B x S x C
@@ -91,20 +83,4 @@ class PositionIndicatorAttention(MultiheadAttention):
         )
         logits = logits + torch.bmm(q, e.transpose(1, 2))
         probs = F.softmax(logits.float(), dim=-1).type_as(logits)
-        kv_bsz = v.size(0) // self.num_heads
-        p = self.dropout_module(probs)
-        if kv_bsz == bsz:
-            attn = torch.bmm(p, v)
-        else:  # values stored once per sentence for all its beams
-            attn = torch.einsum(
-                "bxhts,bhsd->bxhtd",
-                p.view(kv_bsz, -1, self.num_heads, tgt_len, p.size(-1)),
-                v.view(kv_bsz, self.num_heads, -1, self.head_dim),
-            ).reshape(-1, tgt_len, self.head_dim)
-        attn = self.out_proj(attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim))
-        weights = None
-        if need_weights:
-            weights = probs.view(bsz, self.num_heads, tgt_len, -1).transpose(1, 0)
-            if not need_head_weights:
-                weights = weights.mean(0)
-        return attn, weights
+        return self.attend(probs, v, bsz, tgt_len, need_weights, need_head_weights)

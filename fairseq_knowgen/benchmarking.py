@@ -51,25 +51,13 @@ PROFILES: Dict[str, Dict] = {
 BASELINE_PROFILE = {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []}
 
 
-def size_args(layers: int, dim: int, heads: int) -> List[str]:
-    return [
-        "--encoder-layers",
-        str(layers),
-        "--decoder-layers",
-        str(layers),
-        "--encoder-embed-dim",
-        str(dim),
-        "--decoder-embed-dim",
-        str(dim),
-        "--encoder-ffn-embed-dim",
-        str(4 * dim),
-        "--decoder-ffn-embed-dim",
-        str(4 * dim),
-        "--encoder-attention-heads",
-        str(heads),
-        "--decoder-attention-heads",
-        str(heads),
-    ]
+def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4) -> List[str]:
+    """Model-size flags, the same for encoder and decoder (ffn = ffn_mult x dim)."""
+    flags = []
+    for side in ("encoder", "decoder"):
+        flags += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(dim)]
+        flags += [f"--{side}-ffn-embed-dim", str(ffn_mult * dim), f"--{side}-attention-heads", str(heads)]
+    return flags
 
 
 def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples") -> str:

@@ -11,24 +11,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-TINY_MODEL = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+
+def tiny_model(layers=2, dim=16, heads=2):
+    """Model-size flags of the tiny models the tests train (ffn = 2 x dim)."""
+    from fairseq_knowgen.benchmarking import size_args
+
+    return size_args(layers, dim, heads, ffn_mult=2)
+
+
+TINY_MODEL = tiny_model()
+TINY_BART = tiny_model(layers=1)
 TRAIN_COMMON = [
     "--user-dir",
     "fairseq_knowgen",

@@ -20,3 +20,18 @@ def first_batch(task, split="valid", max_sentences=6):
         task.dataset(split), max_sentences=max_sentences, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=False)
     return next(itr)
+
+
+def decode_full_and_stepwise(model, encoder_out, prev_output_tokens):
+    """The decoder's output on the whole prefix at once, and step by step with an
+    incremental state (a list of per-step outputs)."""
+    import torch
+
+    with torch.no_grad():
+        full = model.decoder(prev_output_tokens, encoder_out=encoder_out)
+        state = {}
+        steps = [
+            model.decoder(prev_output_tokens[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            for t in range(prev_output_tokens.size(1))
+        ]
+    return full, steps

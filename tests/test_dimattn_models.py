@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TRAIN_COMMON, run_cli
-from helpers import build_task_and_model, first_batch
+from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, run_cli
+from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
 from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
 
@@ -23,15 +23,10 @@ def test_incremental_equals_full_decoding(tiny_bin, flags):
     net = sample["net_input"]
     enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
     prev = net["prev_output_tokens"]
-    with torch.no_grad():
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state = {}
-        steps = [
-            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))
-        ]
+    (full, _), steps = decode_full_and_stepwise(model, enc, prev)
     # compare real target positions (padding after EOS differs in fairseq's own transformer too)
     real = prev.ne(task.target_dictionary.pad())
-    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
     n_dim = sum(isinstance(m, DiminishingMultiheadAttention) for m in model.modules())
     assert n_dim == (2 if "all" in flags else 1)
 
@@ -81,24 +76,6 @@ def test_train_and_generate_beam5(tiny_bin, tmp_path):
 
 def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
     """A tiny BART checkpoint in fairseq's format loads into bart_dimattn_base unchanged."""
-    tiny_bart = [
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--encoder-embed-dim",
-        "16",
-        "--decoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-attention-heads",
-        "2",
-        "--decoder-attention-heads",
-        "2",
-    ]
     pre = tmp_path / "bart"
     run_cli(
         "fairseq-train",
@@ -106,7 +83,7 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
         *TRAIN_COMMON,
         "--arch",
         "bart_base",
-        *tiny_bart,
+        *TINY_BART,
         "--max-update",
         "3",
         "--save-dir",
@@ -120,7 +97,7 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
         *TRAIN_COMMON,
         "--arch",
         "bart_dimattn_base",
-        *tiny_bart,
+        *TINY_BART,
         "--restore-file",
         pre / "checkpoint_last.pt",
         "--reset-optimizer",

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import TRAIN_COMMON, run_cli
+from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, run_cli
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.modules import MultiheadAttention
 
@@ -106,26 +106,7 @@ def test_position_indicator_attention():
     torch.testing.assert_close(w, torch.softmax(logits, -1), atol=1e-5, rtol=1e-5)
 
 
-EKI_TINY = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--eki-scaling-dim",
-    "8",
-]
+EKI_TINY = [*TINY_MODEL, "--eki-scaling-dim", "8"]
 
 
 @pytest.mark.parametrize(
@@ -137,7 +118,7 @@ EKI_TINY = [
     ],
 )
 def test_incremental_equals_full(eki_bin, flags):
-    from helpers import build_task_and_model, first_batch
+    from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
     task, model, _ = build_task_and_model(eki_bin, "eki_transformer", *EKI_TINY, *flags, task="eki_generation")
     model.eval()
@@ -148,14 +129,9 @@ def test_incremental_equals_full(eki_bin, flags):
     net = first_batch(task)["net_input"]
     enc = model.encoder(net["src_tokens"], net["src_lengths"], net["src_group"], net["src_distance"])
     prev = net["prev_output_tokens"]
-    with torch.no_grad():
-        full, _ = model.decoder(prev, encoder_out=enc)
-        state = {}
-        steps = [
-            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0] for t in range(prev.size(1))
-        ]
+    (full, _), steps = decode_full_and_stepwise(model, enc, prev)
     real = prev.ne(task.target_dictionary.pad())
-    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
     names = [n for n, _ in model.named_parameters()]
     assert any("group_embedding" in n for n in names) == ("--eki-group-embeddings" not in flags)
     assert any("scaling" in n for n in names) == ("--eki-scaling" not in flags)
@@ -219,24 +195,6 @@ def test_train_with_token_loss_and_generate(eki_bin, tmp_path):
 
 
 def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
-    tiny_bart = [
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--encoder-embed-dim",
-        "16",
-        "--decoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-attention-heads",
-        "2",
-        "--decoder-attention-heads",
-        "2",
-    ]
     pre = tmp_path / "bart"
     run_cli(
         "fairseq-train",
@@ -244,7 +202,7 @@ def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
         *TRAIN_COMMON,
         "--arch",
         "bart_base",
-        *tiny_bart,
+        *TINY_BART,
         "--max-update",
         "2",
         "--save-dir",
@@ -260,7 +218,7 @@ def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
         "eki_generation",
         "--arch",
         "eki_bart_base",
-        *tiny_bart,
+        *TINY_BART,
         "--eki-scaling-dim",
         "8",
         "--criterion",

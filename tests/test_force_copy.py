@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import TRAIN_COMMON, run_cli
+from conftest import TINY_MODEL, TRAIN_COMMON, run_cli
 
 from fairseq_knowgen.criterions.force_copy import force_copy_terms, switch_loss
 from fairseq_knowgen.modules.copy_generator import CopyGenerator
@@ -123,24 +123,7 @@ def word_level_bin(tiny_raw, tmp_path_factory):
     return out
 
 
-TINY_COPY = [
-    "--arch",
-    "copy_transformer_small",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--criterion",
-    "force_copy",
-]
+TINY_COPY = ["--arch", "copy_transformer_small", *TINY_MODEL, "--criterion", "force_copy"]
 
 
 @pytest.mark.parametrize("mode", ["none", "force", "force-unk"])
@@ -225,39 +208,16 @@ def test_copies_unseen_words_end_to_end(word_level_bin, tiny_raw, tmp_path):
     assert copied_oov > 0
 
 
-COPY_TINY_MODEL = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
-
-
 @pytest.mark.parametrize("flags", [[], ["--dimattn-type", "dydim", "--copy-heads", "1"]])
 def test_copy_incremental_equals_full(tiny_bin, flags):
-    from helpers import build_task_and_model, first_batch
+    from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
-    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *COPY_TINY_MODEL, *flags)
+    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *TINY_MODEL, *flags)
     model.eval()
     net = first_batch(task)["net_input"]
     enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
     prev = net["prev_output_tokens"]
-    with torch.no_grad():
-        full, extra = model.decoder(prev, encoder_out=enc)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state) for t in range(prev.size(1))]
+    (full, extra), steps = decode_full_and_stepwise(model, enc, prev)
     real = prev.ne(task.target_dictionary.pad())
     torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
     pgen = torch.cat([s[1]["p_gen"] for s in steps], 1)
@@ -273,7 +233,7 @@ def test_copy_distribution_uses_diminishing_weights(tiny_bin):
     from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
 
     task, model, _ = build_task_and_model(
-        tiny_bin, "copy_transformer", *COPY_TINY_MODEL, "--dimattn-type", "dim", "--copy-layer", "0"
+        tiny_bin, "copy_transformer", *TINY_MODEL, "--dimattn-type", "dim", "--copy-layer", "0"
     )
     model.eval()
     assert isinstance(model.decoder.layers[0].encoder_attn, DiminishingMultiheadAttention)

@@ -54,6 +54,47 @@ def run_cli(tool, *args, check=True, timeout=600, env=None):
     return proc
 
 
+def preprocess(raw, out, *splits):
+    """fairseq-preprocess RAW/SPLIT.{src,tgt} into OUT with a joined dictionary."""
+    prefixes = []
+    for flag, split in zip(("--trainpref", "--validpref", "--testpref"), splits):
+        prefixes += [flag, raw / split]
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--joined-dictionary",
+        *prefixes,
+        "--destdir",
+        out,
+        "--workers",
+        "1",
+    )
+
+
+def pretrain_tiny_bart(data, save_dir, updates):
+    """A tiny BART checkpoint in fairseq's own format (``fairseq-train --arch bart_base``);
+    returns its path and its model weights."""
+    import torch
+
+    run_cli(
+        "fairseq-train",
+        data,
+        *TRAIN_COMMON,
+        "--arch",
+        "bart_base",
+        *TINY_BART,
+        "--max-update",
+        str(updates),
+        "--save-dir",
+        save_dir,
+    )
+    path = save_dir / "checkpoint_last.pt"
+    return path, torch.load(path)["model"]
+
+
 @pytest.fixture(scope="session")
 def tiny_raw(tmp_path_factory):
     from fairseq_knowgen.demo_data import make_dataset
@@ -66,24 +107,7 @@ def tiny_raw(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bin(tiny_raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("bin")
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--joined-dictionary",
-        "--trainpref",
-        tiny_raw / "train",
-        "--validpref",
-        tiny_raw / "valid",
-        "--testpref",
-        tiny_raw / "test",
-        "--destdir",
-        out,
-        "--workers",
-        "1",
-    )
+    preprocess(tiny_raw, out, "train", "valid", "test")
     return out
 
 
@@ -104,20 +128,5 @@ def eki_bin(tmp_path_factory):
         (raw / f"{split}.src").write_text("\n".join(src) + "\n")
         (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
     out = tmp_path_factory.mktemp("ekibin")
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--joined-dictionary",
-        "--trainpref",
-        raw / "train",
-        "--validpref",
-        raw / "valid",
-        "--destdir",
-        out,
-        "--workers",
-        "1",
-    )
+    preprocess(raw, out, "train", "valid")
     return out

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, run_cli
+from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, pretrain_tiny_bart, run_cli
 from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
 from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
@@ -77,19 +77,7 @@ def test_train_and_generate_beam5(tiny_bin, tmp_path):
 def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
     """A tiny BART checkpoint in fairseq's format loads into bart_dimattn_base unchanged."""
     pre = tmp_path / "bart"
-    run_cli(
-        "fairseq-train",
-        tiny_bin,
-        *TRAIN_COMMON,
-        "--arch",
-        "bart_base",
-        *TINY_BART,
-        "--max-update",
-        "3",
-        "--save-dir",
-        pre
-    )
-    bart = torch.load(pre / "checkpoint_last.pt")["model"]
+    bart_path, bart = pretrain_tiny_bart(tiny_bin, pre, updates=3)
     ft = tmp_path / "ft"
     run_cli(
         "fairseq-train",
@@ -99,7 +87,7 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
         "bart_dimattn_base",
         *TINY_BART,
         "--restore-file",
-        pre / "checkpoint_last.pt",
+        bart_path,
         "--reset-optimizer",
         "--reset-dataloader",
         "--reset-meters",

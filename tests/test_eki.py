@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, run_cli
+from conftest import TINY_BART, TINY_MODEL, TRAIN_COMMON, pretrain_tiny_bart, run_cli
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.modules import MultiheadAttention
 
@@ -196,19 +196,7 @@ def test_train_with_token_loss_and_generate(eki_bin, tmp_path):
 
 def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
     pre = tmp_path / "bart"
-    run_cli(
-        "fairseq-train",
-        eki_bin,
-        *TRAIN_COMMON,
-        "--arch",
-        "bart_base",
-        *TINY_BART,
-        "--max-update",
-        "2",
-        "--save-dir",
-        pre
-    )
-    bart = torch.load(pre / "checkpoint_last.pt")["model"]
+    bart_path, bart = pretrain_tiny_bart(eki_bin, pre, updates=2)
     ft = tmp_path / "ft"
     run_cli(
         "fairseq-train",
@@ -224,7 +212,7 @@ def test_eki_bart_finetunes_from_bart_checkpoint(eki_bin, tmp_path):
         "--criterion",
         "eki_label_smoothed_cross_entropy",
         "--restore-file",
-        pre / "checkpoint_last.pt",
+        bart_path,
         "--reset-optimizer",
         "--reset-dataloader",
         "--reset-meters",

@@ -27,9 +27,15 @@ def test_bleu4_hand_computed():
 
 
 def test_bleu4_variable_reference_counts():
-    # second input has one reference only: padding must not count as an empty reference
-    score = metrics.bleu4(["a b c d", "e f g h"], [["a b c d", "x y z w"], ["e f g h"]])
-    assert score == pytest.approx(100.0)
+    """An input with fewer references has *no* further reference (sacrebleu's ``None``), not an
+    empty one (``""``): an empty reference of length 0 would be the closest length to the short
+    second hypothesis and hide its brevity penalty."""
+    hyps = ["a b c d", "e f"]
+    refs = [["a b c d", "a b c d e f"], ["e f g h"]]
+    # every hypothesis n-gram matches: p1..p4 = 6/6, 4/4, 2/2, 1/1. Closest reference lengths:
+    # 4 (input 1) and 4 (input 2, its only reference), so r = 8, c = 6 and BP = exp(1 - 8/6).
+    # (Padding with "" would give input 2 the closest length 0, r = 4 < c and BLEU = 100.)
+    assert metrics.bleu4(hyps, refs) == pytest.approx(100 * math.exp(1 - 8 / 6), abs=1e-9)
 
 
 def test_rouge_l_best_reference():
@@ -38,11 +44,50 @@ def test_rouge_l_best_reference():
     assert score == pytest.approx(75.0)
 
 
-def test_cider_d_ranks_matching_output_higher():
-    refs = [["a man rides a horse", "a person riding a horse"], ["two dogs play in snow", "dogs playing in the snow"]]
-    good = metrics.cider_d(["a man riding a horse", "two dogs playing in snow"], refs)
-    bad = metrics.cider_d(["snow snow snow", "a horse"], refs)
-    assert good > 1.0 > bad >= 0.0
+def _clipped_cosine(hyp, ref):
+    """CIDEr-D's similarity of one n-gram order: sum_g min(h_g, r_g) r_g / (|h| |r|), 0 if a norm is 0."""
+    dot = sum(min(v, ref.get(g, 0.0)) * ref.get(g, 0.0) for g, v in hyp.items())
+    norm_h = math.sqrt(sum(v * v for v in hyp.values()))
+    norm_r = math.sqrt(sum(v * v for v in ref.values()))
+    return dot / (norm_h * norm_r) if norm_h and norm_r else 0.0
+
+
+def test_cider_d_hand_computed():
+    """CIDEr-D (Vedantam et al., 2015, Sec. 4.2) by hand on a 2-input corpus:
+    CIDEr-D_n(c, S) = 10/m sum_j exp(-(l_c - l_sj)^2 / (2 sigma^2)) sum_g min(g^n(c), g^n(s_j)) g^n(s_j)
+    / (|g^n(c)| |g^n(s_j)|) with sigma = 6, averaged over n = 1..4 with equal weights.
+    tf-idf: g_k(s) = tf_k(s) log(|I| / max(1, df_k)), |I| = 2 inputs, df_k = number of inputs
+    whose references contain n-gram k. So an n-gram in the references of one input weighs
+    w = log 2 per occurrence, one in the references of both inputs ("a") weighs 0, and one in no
+    reference (df 0, clamped to 1) weighs w.
+    """
+    w = math.log(2)
+    hyps = ["a b a b", "c d"]
+    refs = [["a b"], ["a c d", "c d"]]
+    # input 1: hypothesis "a b a b" (tf a 2, b 2; ab 2, ba 1; aba, bab; abab) vs reference "a b"
+    h1 = [{"a": 0.0, "b": 2 * w}, {"ab": 2 * w, "ba": w}, {"aba": w, "bab": w}, {"abab": w}]
+    r1 = [{"a": 0.0, "b": w}, {"ab": w}, {}, {}]
+    # input 2: hypothesis "c d" vs references "a c d" and "c d"
+    h2 = [{"c": w, "d": w}, {"cd": w}, {}, {}]
+    r2a = [{"a": 0.0, "c": w, "d": w}, {"ac": w, "cd": w}, {"acd": w}, {}]
+    r2b = [{"c": w, "d": w}, {"cd": w}, {}, {}]
+
+    def sim(h, r, len_h, len_r):
+        penalty = math.exp(-((len_h - len_r) ** 2) / (2 * 6.0**2))
+        return penalty * sum(_clipped_cosine(hn, rn) for hn, rn in zip(h, r)) / 4
+
+    # clipping: b has weight 2w in the hypothesis but only w in the reference
+    assert _clipped_cosine(h1[0], r1[0]) == pytest.approx(w * w / (2 * w * w))
+    score1 = 10 * sim(h1, r1, 4, 2)
+    score2 = 10 * (sim(h2, r2a, 2, 3) + sim(h2, r2b, 2, 2)) / 2
+    expected = (score1 + score2) / 2
+    # the same number in closed form
+    closed = (
+        10 * (1 / 2 + 1 / math.sqrt(5)) / 4 * math.exp(-4 / 72)
+        + 10 * ((1 + 1 / math.sqrt(2)) / 4 * math.exp(-1 / 72) + 2 / 4) / 2
+    ) / 2
+    assert expected == pytest.approx(closed, rel=1e-12)
+    assert metrics.cider_d(hyps, refs) == pytest.approx(expected, rel=1e-9)
 
 
 def test_concept_coverage_uses_lemmas():

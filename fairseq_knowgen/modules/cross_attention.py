@@ -61,19 +61,28 @@ class ReweightedCrossAttention(MultiheadAttention):
 
 
 def replace_cross_attention(decoder, layers: Iterable[int], build: Callable[..., MultiheadAttention]):
-    """Replace ``decoder.layers[i].encoder_attn`` for ``i`` in ``layers`` by
-    ``build(embed_dim, num_heads, kdim=, vdim=, dropout=, bias=)`` with the old module's
-    shapes (so pretrained weights load into the new one)."""
+    """Replace ``decoder.layers[i].encoder_attn`` for ``i`` in ``layers`` by ``build(embed_dim,
+    num_heads, kdim=, vdim=, dropout=, bias=, q_noise=, qn_block_size=, xformers_att_config=)``
+    with the old module's shapes (so pretrained weights load into the new one) and the
+    settings fairseq's ``TransformerDecoderLayerBase.build_encoder_attention`` gives it:
+    quant-noise (``--quant-noise-pq``, ``--quant-noise-pq-block-size``, kept by the layer)
+    and the encoder's xFormers config (``decoder.cfg.encoder.xformers_att_config``)."""
+    cfg_encoder = getattr(getattr(decoder, "cfg", None), "encoder", None)
+    xformers_att_config = getattr(cfg_encoder, "xformers_att_config", None)
     for i in layers:
-        old = decoder.layers[i].encoder_attn
+        layer = decoder.layers[i]
+        old = layer.encoder_attn
         if old is None:
             raise ValueError("this attention needs decoder cross-attention")
-        decoder.layers[i].encoder_attn = build(
+        layer.encoder_attn = build(
             old.embed_dim,
             old.num_heads,
             kdim=old.kdim,
             vdim=old.vdim,
             dropout=old.dropout_module.p,
             bias=old.k_proj.bias is not None,
+            q_noise=getattr(layer, "quant_noise", 0.0),
+            qn_block_size=getattr(layer, "quant_noise_block_size", 8),
+            xformers_att_config=xformers_att_config,
         )
     return decoder

@@ -1,15 +1,21 @@
 """Diminishing attention: equations, properties, incremental == full decoding, models."""
 
+import logging
 import math
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 from fairseq.modules import MultiheadAttention
+from helpers import build_task_and_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairseq_knowgen.models.dimattn import parse_layers
+from fairseq_knowgen.modules.cross_attention import replace_cross_attention
 from fairseq_knowgen.modules.diminishing_attention import (
     DiminishingMultiheadAttention,
+    check_slower_diminishing,
     diminishing_weights,
     parse_concave,
 )
@@ -134,3 +140,188 @@ def test_bad_g_spec():
         parse_concave("pow:1.5")
     with pytest.raises(ValueError, match="unknown concave"):
         parse_concave("exp")
+
+
+def test_identity_weights_are_the_probabilities_exactly():
+    """g = x: the increment is a itself, not (c^{t-1} + a) - c^{t-1} (which rounds in float32)."""
+    probs = random_probs(3, 9, 6, 3).float()
+    w, _, _ = diminishing_weights(probs, parse_concave("identity"))
+    assert torch.equal(w, probs)
+
+
+def float64_increment(spec, before, a):
+    """g(before + a) - g(before) as a plain float64 difference (accurate to ~1e-8 relative here)."""
+    g = {
+        "log": math.log1p,
+        "sqrt": lambda x: math.sqrt(x + 1.0),
+        "pow:0.5": lambda x: (x + 1.0) ** 0.5,
+        "pow:0.25": lambda x: (x + 1.0) ** 0.25,
+    }[spec]
+    return g(before + a) - g(before)
+
+
+@pytest.mark.parametrize("dim_type", ["dim", "dydim"])
+@pytest.mark.parametrize("g_spec", G_SPECS)
+def test_float32_precision_at_large_coverage(g_spec, dim_type):
+    """A source position covered 60 times over that then gets an attention of 1e-5.
+
+    The weight is about 1e-5 / 61 (log); float32's g(c^t) - g(c^{t-1}) of two numbers near
+    log(61) ~ 4.1 (ulp 4.8e-7) is 0 or a multiple of the ulp, i.e. all noise; the increment
+    log1p(a / (1 + c^{t-1})) keeps float32's relative precision. Training (all steps at
+    once) and incremental decoding (one step at a time) must both match the float64 values.
+    """
+    big, small, n_big, n_small = 0.75, 1e-5, 80, 6  # 80 x 0.75 = 60 exactly in float32
+    probs = torch.tensor([big] * n_big + [small] * n_small, dtype=torch.float32).view(1, -1, 1)
+    a = [float(x) for x in probs.view(-1)]  # the float32 values, exactly, in float64
+    g, g2 = parse_concave(g_spec), parse_concave("identity") if dim_type == "dydim" else None
+    expected, before = [], 0.0
+    for t, a_t in enumerate(a):
+        inc = float64_increment(g_spec, before, a_t)
+        if g2 is not None:  # P^t = max of the earlier attentions (Eq. 5); g2 = x: increment a
+            p = max(a[:t], default=0.0)
+            inc = p * inc + (1 - p) * a_t
+        expected.append(inc)
+        before += a_t
+    expected = torch.tensor(expected, dtype=torch.float64)
+
+    full, _, _ = diminishing_weights(probs, g, g2)
+    cov = mx = None
+    steps = []
+    for t in range(probs.size(1)):
+        w, cov, mx = diminishing_weights(probs[:, t : t + 1], g, g2, cov, mx)
+        steps.append(w)
+    stepwise = torch.cat(steps, 1)
+    for got in (full, stepwise):
+        torch.testing.assert_close(got.view(-1).double(), expected, rtol=1e-4, atol=0)
+
+    # the float32 difference the module used to compute fails this tolerance on the small steps
+    c = probs.view(-1).cumsum(0)
+    old = g(c) - g(c - probs.view(-1))
+    if g2 is None:
+        rel_err = ((old.double() - expected) / expected).abs()[n_big:]
+        assert rel_err.max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "g1, g2",
+    [
+        ("log", "identity"),
+        ("sqrt", "identity"),
+        ("pow:0.25", "identity"),
+        ("identity", "identity"),
+        ("log", "log"),
+        ("pow:0.25", "pow:0.5"),
+        ("pow:0.25", "sqrt"),
+        ("sqrt", "pow:0.5"),  # the same function written two ways
+        ("pow:0.1", "log"),  # 0.1 (1+c)^0.1 <= 1 up to c = 1e10 - 1, beyond any decoder length
+    ],
+)
+def test_slower_diminishing_g2_accepted(g1, g2):
+    check_slower_diminishing(parse_concave(g1), parse_concave(g2), 1024)
+
+
+@pytest.mark.parametrize(
+    "g1, g2, where",
+    [
+        ("identity", "log", "c > 0: 1/(1+c) < 1"),
+        ("identity", "sqrt", "everywhere: 0.5/sqrt(1+c) < 1"),
+        ("log", "sqrt", "c < 3: 0.5/sqrt(1+c) < 1/(1+c)"),
+        ("sqrt", "log", "c > 3"),
+        ("pow:0.5", "pow:0.25", "everywhere: 0.25 (1+c)^-0.75 < 0.5 (1+c)^-0.5"),
+        ("log", "pow:0.9", "c < 0.124: 0.9 (1+c)^-0.1 < 1/(1+c)"),
+        ("pow:0.9", "log", "c > 0.124"),
+    ],
+)
+def test_faster_diminishing_g2_refused(g1, g2, where):
+    with pytest.raises(ValueError, match=rf"G2 {g2} must diminish more slowly than G1 {g1}"):
+        check_slower_diminishing(parse_concave(g1), parse_concave(g2), 1024, names=("G1", "G2"))
+
+
+def test_slower_diminishing_checked_up_to_max_coverage():
+    """sqrt vs log: 0.5/sqrt(1+c) >= 1/(1+c) iff c >= 3, so g1 = sqrt, g2 = log holds below 3 only."""
+    sqrt, log = parse_concave("sqrt"), parse_concave("log")
+    check_slower_diminishing(sqrt, log, 2.9)
+    with pytest.raises(ValueError, match=r"at c = 3\.\d+"):
+        check_slower_diminishing(sqrt, log, 3.1)
+
+
+def test_model_refuses_faster_diminishing_g2(tiny_bin):
+    with pytest.raises(ValueError, match="--dimattn-g2 log must diminish more slowly than --dimattn-g identity"):
+        build_task_and_model(
+            tiny_bin,
+            "transformer_dimattn",
+            *TINY_MODEL,
+            "--dimattn-type",
+            "dydim",
+            "--dimattn-g",
+            "identity",
+            "--dimattn-g2",
+            "log",
+        )
+
+
+@pytest.mark.parametrize(
+    "flags, warns",
+    [
+        (["--dimattn-g2", "sqrt"], True),
+        (["--dimattn-type", "dim", "--dimattn-g2", "identity"], True),
+        ([], False),
+        (["--dimattn-type", "dydim", "--dimattn-g", "pow:0.25", "--dimattn-g2", "sqrt"], False),
+    ],
+)
+def test_warns_about_unused_g2(tiny_bin, caplog, flags, warns):
+    with caplog.at_level(logging.WARNING, logger="fairseq_knowgen.models.dimattn"):
+        build_task_and_model(tiny_bin, "transformer_dimattn", *TINY_MODEL, *flags)
+    warned = [r for r in caplog.records if "--dimattn-g2" in r.getMessage() and r.levelno == logging.WARNING]
+    assert bool(warned) == warns
+
+
+def test_quant_noise_in_replaced_attention(tiny_bin):
+    """--quant-noise-pq reaches the diminishing attention's projections as in fairseq's own
+    encoder attention: after the same seed, a training forward drops the same weight blocks."""
+    noise = ["--quant-noise-pq", "0.25", "--quant-noise-pq-block-size", "8"]
+    _, ours, _ = build_task_and_model(tiny_bin, "transformer_dimattn", *TINY_MODEL, *noise)
+    _, ref, _ = build_task_and_model(tiny_bin, "transformer", *TINY_MODEL, *noise)
+    att, ref_att = ours.decoder.layers[-1].encoder_attn, ref.decoder.layers[-1].encoder_attn
+    assert isinstance(att, DiminishingMultiheadAttention)
+    att.load_state_dict(ref_att.state_dict())
+    att.train(), ref_att.train()
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        proj, ref_proj = getattr(att, name), getattr(ref_att, name)
+        before = proj.weight.detach().clone()
+        x = torch.randn(3, proj.in_features)
+        for m in (proj, ref_proj):
+            torch.manual_seed(7)
+            m(x)
+        torch.testing.assert_close(proj.weight, ref_proj.weight, atol=0, rtol=0)
+        # fairseq's noise: whole blocks of 8 input weights zeroed, the rest scaled by 1 / (1 - p)
+        kept = proj.weight.detach().view(-1, 8).ne(0).any(-1, keepdim=True).expand(-1, 8).reshape(before.shape)
+        assert 0 < kept.sum() < kept.numel()
+        torch.testing.assert_close(proj.weight[kept], before[kept] / 0.75)
+
+
+def test_xformers_config_passed_to_replacement(tiny_bin):
+    """The encoder's xFormers config reaches the replacement as fairseq's build_encoder_attention
+    passes it (xformers is not installed here, so the build is recorded, not run)."""
+    _, model, _ = build_task_and_model(tiny_bin, "transformer", *TINY_MODEL, "--quant-noise-pq", "0.25")
+    cfg_str = '{"name": "scaled_dot_product"}'
+    model.decoder.cfg.encoder.xformers_att_config = cfg_str
+    seen = {}
+
+    def build(*args, **kwargs):
+        seen.update(kwargs)
+        return torch.nn.Identity()
+
+    replace_cross_attention(model.decoder, [0], build)
+    assert seen["xformers_att_config"] == cfg_str
+    assert (seen["q_noise"], seen["qn_block_size"]) == (0.25, 8)
+
+
+def test_parse_layers_names_the_flag():
+    with pytest.raises(ValueError, match="^--eki-position-layers: layer 3 out of range for 2 layers"):
+        parse_layers("3", 2, flag="--eki-position-layers")
+    with pytest.raises(ValueError, match="^--eki-position-layers: expected 'all' or integers, got 'x'"):
+        parse_layers("x", 2, flag="--eki-position-layers")
+    with pytest.raises(ValueError, match="^--dimattn-layers: layer -3 out of range"):
+        parse_layers("-3", 2)
+    assert parse_layers("-1,0", 3) == [0, 2]

@@ -17,6 +17,7 @@ The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
 """
 
 import functools
+import logging
 from typing import List
 
 from fairseq.models import register_model, register_model_architecture
@@ -28,15 +29,22 @@ from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import (
     CONCAVE_CHOICES,
     DiminishingMultiheadAttention,
+    check_slower_diminishing,
     parse_concave,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def add_dimattn_args(parser):
     parser.add_argument("--dimattn-type", choices=["dim", "dydim"], help="DimAttn (Eq. 4) or dynamic DyDimAttn (Eq. 5)")
     parser.add_argument("--dimattn-g", type=str, metavar="G", help=f"concave g (g1 for dydim): {CONCAVE_CHOICES}")
     parser.add_argument(
-        "--dimattn-g2", type=str, metavar="G", help="dydim only: the slower-diminishing g2 (g2' >= g1')"
+        "--dimattn-g2",
+        type=str,
+        metavar="G",
+        help="dydim only (default identity; a warning with dim, which has no g2): the slower-diminishing g2, "
+        "checked at build time: g2'(c) >= g1'(c) for all coverage c up to the decoder's max positions",
     )
     parser.add_argument(
         "--dimattn-normalize",
@@ -55,23 +63,29 @@ def add_dimattn_args(parser):
 def dimattn_defaults(args):
     args.dimattn_type = getattr(args, "dimattn_type", None) or "dim"
     args.dimattn_g = getattr(args, "dimattn_g", None) or "log"
-    args.dimattn_g2 = getattr(args, "dimattn_g2", None) or "identity"
+    if args.dimattn_type == "dydim":  # dim has no g2: left None, so that a given one can be warned about
+        args.dimattn_g2 = getattr(args, "dimattn_g2", None) or "identity"
+    else:
+        args.dimattn_g2 = getattr(args, "dimattn_g2", None)
     args.dimattn_normalize = getattr(args, "dimattn_normalize", False)
     args.dimattn_layers = getattr(args, "dimattn_layers", None) or "-1"
 
 
-def parse_layers(spec: str, num_layers: int) -> List[int]:
-    """``all`` or comma-separated indices (negative count from the end) -> sorted indices."""
+def parse_layers(spec: str, num_layers: int, flag: str = "--dimattn-layers") -> List[int]:
+    """``all`` or comma-separated indices (negative count from the end) -> sorted indices.
+
+    ``flag``: the command-line flag ``spec`` came from, named in the error messages.
+    """
     if spec == "all":
         return list(range(num_layers))
     try:
         idx = [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--dimattn-layers: expected 'all' or integers, got {spec!r}") from None
+        raise ValueError(f"{flag}: expected 'all' or integers, got {spec!r}") from None
     out = set()
     for i in idx:
         if not -num_layers <= i < num_layers:
-            raise ValueError(f"--dimattn-layers: layer {i} out of range for {num_layers} layers")
+            raise ValueError(f"{flag}: layer {i} out of range for {num_layers} layers")
         out.add(i % num_layers)
     return sorted(out)
 
@@ -80,11 +94,21 @@ def install_diminishing_attention(decoder, args):
     """Replace the cross-attention of the chosen decoder layers by diminishing attention.
 
     The new module has exactly the parameters of the one it replaces (so nothing is left
-    without a gradient under DDP, and pretrained weights load into it).
+    without a gradient under DDP, and pretrained weights load into it). For ``dydim`` it
+    refuses a g2 that does not diminish more slowly than g1 (Eq. 5) on the coverage values
+    the decoder can reach (0 to its maximum number of positions); for ``dim`` it warns
+    when ``--dimattn-g2`` was given, as it is unused.
     """
-    parse_concave(args.dimattn_g)  # fail early on a bad spec
+    g1 = parse_concave(args.dimattn_g)  # fail early on a bad spec
     if args.dimattn_type == "dydim":
-        parse_concave(args.dimattn_g2)
+        check_slower_diminishing(
+            g1, parse_concave(args.dimattn_g2), decoder.max_positions(), names=("--dimattn-g", "--dimattn-g2")
+        )
+    elif getattr(args, "dimattn_g2", None) is not None:
+        logger.warning(
+            f"--dimattn-g2 {args.dimattn_g2} is unused with --dimattn-type {args.dimattn_type}: "
+            "only DyDimAttn (--dimattn-type dydim) has a g2"
+        )
     build = functools.partial(
         DiminishingMultiheadAttention,
         dim_type=args.dimattn_type,

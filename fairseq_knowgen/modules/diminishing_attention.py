@@ -18,11 +18,17 @@ attention probabilities a_i^t over source positions i at target step t:
 
   Summed over all steps it telescopes to g(c_i^T) - g(0): the *effective* coverage is
   submodular, and the same raw attention buys less the more a state is already covered.
+  It is computed as g's increment at c_i^{t-1} by a_i^t in a form without cancellation,
+  e.g. log1p(a / (1 + c^{t-1})) for log (see :class:`ConcaveFunction`): in float32 the
+  plain difference of two nearly equal logs is noise once the coverage is large.
 
 - dynamic diminishing attention (Eq. 5), with g1 diminishing faster than g2 (g1' <= g2')::
 
       P_i^t = max_{t' <= t-1} a_i^{t'}          (0 at t = 0)
       DyDimAttn_i^t = P_i^t * DimAttn_i^t[g1] + (1 - P_i^t) * DimAttn_i^t[g2]
+
+  :func:`check_slower_diminishing` verifies g1' <= g2' numerically (the models call it at
+  build time).
 
 Choices the text leaves open, each a flag of the architectures:
 
@@ -39,7 +45,8 @@ time; incremental decoding keeps the running coverage c^{t-1} and running max pe
 step costs the same however many steps came before.
 """
 
-from typing import Callable, Dict, Optional, Tuple
+import math
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,39 +55,117 @@ from torch import Tensor
 from .cross_attention import ReweightedCrossAttention
 
 
-def parse_concave(spec: str) -> Callable[[Tensor], Tensor]:
-    """A concave non-decreasing g from its name.
+class ConcaveFunction:
+    """A concave non-decreasing g (Eq. 3) and its increment g(c + a) - g(c) (Eq. 4).
 
-    ``log``: log(x+1); ``sqrt``: sqrt(x+1); ``pow:P``: (x+1)^P with 0 < P < 1;
-    ``identity``: x (linear: reproduces standard attention, for ablations and tests).
+    The increment is what DimAttn uses; it is computed in a form without cancellation, so
+    that float32 keeps its precision when the coverage c is large and the attention a
+    small (the plain difference g(c + a) - g(c) of two nearly equal numbers loses all of it):
+
+    - ``log``: g = log(x+1); g(c + a) - g(c) = log((1+c+a)/(1+c)) = log1p(a / (1+c));
+    - ``sqrt``: g = sqrt(x+1); the difference times the conjugate: a / (sqrt(1+c+a) + sqrt(1+c));
+    - ``pow:P``: g = (x+1)^P, 0 < P < 1; (1+c)^P * expm1(P * log1p(a / (1+c)));
+    - ``identity``: g = x (linear: reproduces standard attention, for ablations and tests); a.
     """
-    if spec == "log":
-        return torch.log1p
-    if spec == "sqrt":
-        return lambda x: torch.sqrt(x + 1.0)
-    if spec == "identity":
-        return lambda x: x
-    if spec.startswith("pow:"):
-        p = float(spec[4:])
-        if not 0.0 < p < 1.0:
-            raise ValueError(f"g = (x+1)^p needs 0 < p < 1, got {spec!r}")
-        return lambda x: torch.pow(x + 1.0, p)
-    raise ValueError(f"unknown concave function {spec!r}: use log, sqrt, pow:P or identity")
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.p: Optional[float] = None
+        if spec.startswith("pow:"):
+            try:
+                self.p = float(spec[4:])
+            except ValueError:
+                raise ValueError(f"g = pow:P needs a number P, got {spec!r}") from None
+            if not 0.0 < self.p < 1.0:
+                raise ValueError(f"g = (x+1)^p needs 0 < p < 1, got {spec!r}")
+        elif spec not in ("log", "sqrt", "identity"):
+            raise ValueError(f"unknown concave function {spec!r}: use {CONCAVE_CHOICES}")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """g(x)."""
+        if self.spec == "log":
+            return torch.log1p(x)
+        if self.spec == "sqrt":
+            return torch.sqrt(x + 1.0)
+        if self.spec == "identity":
+            return x
+        return torch.pow(x + 1.0, self.p)
+
+    def increment(self, before: Tensor, a: Tensor) -> Tensor:
+        """g(before + a) - g(before) for coverage ``before`` >= 0 and attention ``a`` >= 0."""
+        if self.spec == "identity":
+            return a
+        if self.spec == "sqrt":
+            return a / (torch.sqrt(before + a + 1.0) + torch.sqrt(before + 1.0))
+        rel = torch.log1p(a / (before + 1.0))  # log((1 + before + a) / (1 + before))
+        if self.spec == "log":
+            return rel
+        return torch.pow(before + 1.0, self.p) * torch.expm1(self.p * rel)
+
+    def derivative(self, x: Tensor) -> Tensor:
+        """g'(x) by autograd (float64), for :func:`check_slower_diminishing`."""
+        x = x.detach().double().requires_grad_(True)
+        (grad,) = torch.autograd.grad(self(x).sum(), x)
+        return grad
+
+    def __repr__(self):
+        return self.spec
 
 
 CONCAVE_CHOICES = "log, sqrt, pow:P (0<P<1), identity"
 
 
+def parse_concave(spec: str) -> ConcaveFunction:
+    """A concave non-decreasing g from its name: ``log``: log(x+1); ``sqrt``: sqrt(x+1);
+    ``pow:P``: (x+1)^P with 0 < P < 1; ``identity``: x. See :class:`ConcaveFunction`."""
+    return ConcaveFunction(spec)
+
+
+def check_slower_diminishing(
+    g1: ConcaveFunction, g2: ConcaveFunction, max_coverage: float, names: Tuple[str, str] = ("g1", "g2")
+):
+    """Raise ``ValueError`` unless g2 diminishes more slowly than g1: g2'(c) >= g1'(c).
+
+    DyDimAttn (Eq. 5) weights the faster-diminishing g1 by P and the slower g2 by 1 - P,
+    which the paper states as g1 having the smaller derivative. The derivatives are
+    compared by autograd in float64 on a grid of coverage values, 0 and 2,000 points
+    spaced geometrically from 1e-4 to ``max_coverage``: the largest coverage a decoder can
+    reach is its number of steps (each attention is at most 1), so the condition is only
+    needed there (e.g. pow:0.1 against log(x+1) holds until c = 1e10). ``names`` are
+    how the error message calls g1 and g2 (the command-line flags for a model).
+    """
+    grid = torch.cat(
+        [
+            torch.zeros(1, dtype=torch.float64),
+            torch.logspace(-4, math.log10(max(max_coverage, 1e-3)), 2000, dtype=torch.float64),
+        ]
+    )
+    d1, d2 = g1.derivative(grid), g2.derivative(grid)
+    bad = (d2 < d1 * (1.0 - 1e-9)).nonzero()  # tolerance: equal functions written two ways
+    if len(bad):
+        i = bad[0].item()
+        raise ValueError(
+            f"{names[1]} {g2.spec} must diminish more slowly than {names[0]} {g1.spec} (DyDimAttn, Eq. 5: "
+            f"{names[1]}'(c) >= {names[0]}'(c) for all coverage 0 <= c <= {max_coverage:g}), but at "
+            f"c = {grid[i].item():.4g}: {names[1]}'(c) = {d2[i].item():.4g} < {names[0]}'(c) = {d1[i].item():.4g}. "
+            f"identity suits every {names[0]}; pow:P2 suits pow:P1 (sqrt = pow:0.5) when P1 <= P2"
+        )
+
+
 def diminishing_weights(
     probs: Tensor,
-    g: Callable[[Tensor], Tensor],
-    g2: Optional[Callable[[Tensor], Tensor]] = None,
+    g: ConcaveFunction,
+    g2: Optional[ConcaveFunction] = None,
     prev_coverage: Optional[Tensor] = None,
     prev_max: Optional[Tensor] = None,
     normalize: bool = False,
     eps: float = 1e-9,
-) -> Tuple[Tensor, Tensor, Tensor]:
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """Diminishing (g2 None) or dynamic diminishing (g2 given) attention weights.
+
+    Training (T steps at once) and incremental decoding (T = 1, ``prev_*`` from the last
+    step) run the same code: a running sum (and max) over the carried state followed by
+    the T steps, and g's cancellation-free increment (:meth:`ConcaveFunction.increment`).
 
     Args:
         probs: raw attention probabilities a, ``N x T x S`` (N = batch x heads).
@@ -94,31 +179,20 @@ def diminishing_weights(
         running max after the last step ``N x 1 x S`` (the next call's ``prev_*``; None
         for DimAttn, which does not need it).
     """
-    if probs.size(1) == 1:  # one step (incremental decoding): no scan over time needed
-        one_step = True
-        cov_before = prev_coverage if prev_coverage is not None else torch.zeros_like(probs)
-        cov = cov_before + probs  # c^t = c^{t-1} + a^t
-    else:
-        one_step = False
-        cov = probs.cumsum(dim=1)  # c^t, inclusive of step t
-        if prev_coverage is not None:
-            cov = cov + prev_coverage
-        cov_before = (cov - probs).clamp_min(0.0)  # c^{t-1} (clamp: rounding below 0)
-    dim = g(cov) - g(cov_before)  # Eq. 4
-    if g2 is None:  # DimAttn needs no running max
-        if normalize:
-            dim = dim / (dim.sum(dim=-1, keepdim=True) + eps)
-        return dim, cov[:, -1:], None
-    run_max = probs if one_step else probs.cummax(dim=1).values  # max over t' <= t
-    if prev_max is not None:
-        run_max = torch.maximum(run_max, prev_max)
-    # P^t = max over t' <= t-1: the inclusive running max shifted by one step (Eq. 5)
-    first = prev_max if prev_max is not None else torch.zeros_like(run_max[:, :1])
-    p = first if one_step else torch.cat([first, run_max[:, :-1]], dim=1)
-    dim = p * dim + (1.0 - p) * (g2(cov) - g2(cov_before))
+    first = prev_coverage if prev_coverage is not None else torch.zeros_like(probs[:, :1])
+    running = torch.cat([first, probs], dim=1).cumsum(dim=1)  # N x (T+1) x S: c^{t0-1}, c^{t0}, ...
+    before = running[:, :-1]  # c^{t-1} of every step t
+    dim = g.increment(before, probs)  # Eq. 4: g(c^t) - g(c^{t-1}), c^t = c^{t-1} + a^t
+    run_max_last: Optional[Tensor] = None
+    if g2 is not None:
+        first_max = prev_max if prev_max is not None else torch.zeros_like(probs[:, :1])
+        run_max = torch.cat([first_max, probs], dim=1).cummax(dim=1).values
+        p = run_max[:, :-1]  # P^t = max over t' <= t-1 (0 at t = 0), Eq. 5
+        dim = p * dim + (1.0 - p) * g2.increment(before, probs)
+        run_max_last = run_max[:, -1:]
     if normalize:
         dim = dim / (dim.sum(dim=-1, keepdim=True) + eps)
-    return dim, cov[:, -1:], run_max[:, -1:]
+    return dim, running[:, -1:], run_max_last
 
 
 class DiminishingMultiheadAttention(ReweightedCrossAttention):
@@ -133,7 +207,8 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
     Args (besides MultiheadAttention's):
         dim_type: ``dim`` (DimAttn, Eq. 4) or ``dydim`` (DyDimAttn, Eq. 5).
         g: concave function (g1 for ``dydim``), see :func:`parse_concave`.
-        g2: the slower-diminishing function of ``dydim``.
+        g2: the slower-diminishing function of ``dydim`` (the models check g2' >= g1' with
+            :func:`check_slower_diminishing`; this module does not).
         normalize: renormalize the weights to sum to 1 over source positions.
     """
 
@@ -213,4 +288,11 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
         return incremental_state
 
 
-__all__ = ["DiminishingMultiheadAttention", "diminishing_weights", "parse_concave", "CONCAVE_CHOICES"]
+__all__ = [
+    "CONCAVE_CHOICES",
+    "ConcaveFunction",
+    "DiminishingMultiheadAttention",
+    "check_slower_diminishing",
+    "diminishing_weights",
+    "parse_concave",
+]

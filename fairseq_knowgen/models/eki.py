@@ -24,6 +24,7 @@ that the pretrained model is unchanged: zero group and distance embeddings, 2 La
 absent from the checkpoint and keep their initialization (see ``load_state_dict``).
 """
 
+import argparse
 import functools
 from typing import Dict, List, Optional
 
@@ -42,38 +43,135 @@ from torch import Tensor
 from ..modules.cross_attention import replace_cross_attention
 from ..modules.group_embedding import GroupEmbedding
 from ..modules.position_indicator import PositionIndicatorAttention
-from ..modules.scaling_module import ScalingModule
+from ..modules.scaling_module import SCALING_INITS, ScalingModule
 from .dimattn import parse_layers
 
 NEW_PARAMETER_PREFIXES = ("encoder.group_embedding.", "encoder.scaling.", "distance_embed.")
 
 
+EKI_DEFAULTS = {
+    "eki_group_embeddings": 1,
+    "eki_scaling": 1,
+    "eki_scaling_dim": 128,
+    "eki_scaling_init_std": 1e-3,
+    "eki_scaling_init": "mirrored",
+    "eki_position_indicator": 1,
+    "eki_position_layers": "all",
+    "eki_max_distance": 64,
+}
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+_positive_float.__name__ = "float"
+
+
 def add_eki_args(parser):
-    parser.add_argument("--eki-group-embeddings", type=int, choices=[0, 1], help="group embeddings E_C/E_O (Eq. 3)")
-    parser.add_argument("--eki-scaling", type=int, choices=[0, 1], help="scaling module on the encoder output (Eq. 5)")
-    parser.add_argument("--eki-scaling-dim", type=int, help="inner size d_s of the scaling module")
-    parser.add_argument("--eki-scaling-init-std", type=float, help="std of the N(0, std^2) scaling-module init")
+    d = EKI_DEFAULTS
+    parser.add_argument(
+        "--eki-group-embeddings",
+        type=int,
+        choices=[0, 1],
+        help=f"group embeddings E_C/E_O (Eq. 3; default {d['eki_group_embeddings']})",
+    )
+    parser.add_argument(
+        "--eki-scaling", type=int, choices=[0, 1], help="scaling module on the encoder output (Eq. 5; default 1)"
+    )
+    parser.add_argument(
+        "--eki-scaling-dim",
+        type=_at_least(1),
+        metavar="D_S",
+        help=f"inner size d_s >= 1 of the scaling module (default {d['eki_scaling_dim']})",
+    )
+    parser.add_argument(
+        "--eki-scaling-init-std",
+        type=_positive_float,
+        metavar="STD",
+        help=f"std of the N(0, std^2) scaling-module weights (default {d['eki_scaling_init_std']}); with "
+        "'--eki-scaling-init normal' it sets how far 2*Lambda starts from 1",
+    )
+    parser.add_argument(
+        "--eki-scaling-init",
+        choices=SCALING_INITS,
+        help="scaling-module start: 'mirrored' (default) pairs hidden units with opposite output weights, so "
+        "2*Lambda = 1 exactly and a fine-tuned BART starts as BART; 'normal' is the paper's plain N(0, std^2) "
+        "(2*Lambda ~ 1)",
+    )
     parser.add_argument(
         "--eki-position-indicator",
         type=int,
         choices=[0, 1],
-        help="distance embedding E_D in the cross-attention keys (Eq. 9)",
+        help="distance embedding E_D in the cross-attention keys (Eq. 9; default 1)",
     )
-    parser.add_argument("--eki-position-layers", type=str, help="decoder layers with E_D: 'all' or indices")
-    parser.add_argument("--eki-max-distance", type=int, help="distances are clipped here (E_D has this + 1 rows)")
+    parser.add_argument(
+        "--eki-position-layers",
+        type=str,
+        metavar="L",
+        help="decoder layers with E_D: 'all' (default) or a comma list of indices, negative from the end",
+    )
+    parser.add_argument(
+        "--eki-max-distance",
+        type=_at_least(1),
+        help=f"distances are clipped here, >= 1 (E_D has this + 1 rows; default {d['eki_max_distance']})",
+    )
 
 
 def eki_defaults(args):
-    args.eki_group_embeddings = getattr(args, "eki_group_embeddings", None)
-    args.eki_group_embeddings = 1 if args.eki_group_embeddings is None else args.eki_group_embeddings
-    args.eki_scaling = 1 if getattr(args, "eki_scaling", None) is None else args.eki_scaling
-    args.eki_scaling_dim = getattr(args, "eki_scaling_dim", None) or 128
-    args.eki_scaling_init_std = getattr(args, "eki_scaling_init_std", None) or 1e-3
-    args.eki_position_indicator = (
-        1 if getattr(args, "eki_position_indicator", None) is None else args.eki_position_indicator
+    """Fill unset EKI options (``None`` only: 0 is a value) and check them: a bad value is an
+    error naming its flag, never silently replaced."""
+    for name, default in EKI_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    for name in ("eki_scaling_dim", "eki_max_distance"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.eki_scaling_init_std > 0:
+        raise ValueError(f"--eki-scaling-init-std must be > 0, got {args.eki_scaling_init_std}")
+    if args.eki_scaling_init not in SCALING_INITS:
+        raise ValueError(f"--eki-scaling-init must be one of {SCALING_INITS}, got {args.eki_scaling_init!r}")
+
+
+def parse_position_layers(spec: str, num_layers: int) -> List[int]:
+    """``--eki-position-layers`` -> sorted layer indices; errors name that flag."""
+    try:
+        return parse_layers(spec, num_layers)
+    except ValueError as e:
+        raise ValueError(str(e).replace("--dimattn-layers", "--eki-position-layers")) from None
+
+
+def check_shared_dictionary(src_dict, tgt_dict):
+    """EKI compares and scatters token ids between source and target (L_E labels, concept
+    matches) and applies the target dictionary's special-symbol masks to source ids: both
+    sides must use one dictionary."""
+    if src_dict is tgt_dict or src_dict.symbols == tgt_dict.symbols:
+        return
+    n = min(len(src_dict), len(tgt_dict))
+    i = next((i for i in range(n) if src_dict.symbols[i] != tgt_dict.symbols[i]), n)
+    first = (
+        f"first difference at id {i}: {src_dict.symbols[i]!r} vs {tgt_dict.symbols[i]!r}"
+        if i < n
+        else f"{len(src_dict)} vs {len(tgt_dict)} symbols"
     )
-    args.eki_position_layers = getattr(args, "eki_position_layers", None) or "all"
-    args.eki_max_distance = getattr(args, "eki_max_distance", None) or 64
+    raise ValueError(
+        "EKI needs one dictionary for source and target, but the source and target dictionaries differ "
+        f"({first}): binarize with fairseq-preprocess --joined-dictionary (or --srcdict and --tgtdict the same file)"
+    )
 
 
 class EKIEncoder(TransformerEncoderBase):
@@ -88,7 +186,9 @@ class EKIEncoder(TransformerEncoderBase):
         dim = embed_tokens.embedding_dim
         self.group_embedding = GroupEmbedding(dim) if args.eki_group_embeddings else None
         self.scaling = (
-            ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std) if args.eki_scaling else None
+            ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std, init=args.eki_scaling_init)
+            if args.eki_scaling
+            else None
         )
 
     def forward(
@@ -129,7 +229,7 @@ class EKIDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
         self.position_layers = []
         if args.eki_position_indicator:
-            self.position_layers = parse_layers(args.eki_position_layers, len(self.layers))
+            self.position_layers = parse_position_layers(args.eki_position_layers, len(self.layers))
             build = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
             replace_cross_attention(self, self.position_layers, build)
 
@@ -168,8 +268,26 @@ class EKIDecoder(TransformerDecoderBase):
 
 
 class EKIMixin:
-    """Shared by the transformer and BART variants: build EKI encoder/decoder, load
-    pretrained checkpoints that lack the new parameters."""
+    """Shared by the transformer and BART variants: build EKI encoder/decoder, start the new
+    parameters at their EKI initialization, load pretrained checkpoints that lack them."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        # BARTModel.__init__ has just run init_bert_params over every module, ours included
+        # (N(0, 0.02^2) group/distance embeddings and scaling weights): restore the EKI start
+        self.reset_eki_parameters()
+
+    def reset_eki_parameters(self):
+        """New parameters to their EKI start: zero E_C/E_O and E_D, the scaling module at
+        2 Lambda = 1 (``--eki-scaling-init``). The pretrained model's function is unchanged."""
+        for m in self.modules():
+            if isinstance(m, (GroupEmbedding, ScalingModule, PositionIndicatorAttention)):
+                m.reset_eki_parameters()
+
+    @classmethod
+    def build_model(cls, args, task):
+        check_shared_dictionary(task.source_dictionary, task.target_dictionary)
+        return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -3,9 +3,11 @@
 Diminishing attention (which changes the weights after the softmax) and EKI's position
 indicator (which changes the logits before it) both keep fairseq's projections, cached keys
 and values, padding masks and beam handling. :class:`ReweightedCrossAttention` provides
-those two ends: the parent's masked logits and values, and the mixing of values with
-whatever weights a subclass computed. :func:`replace_cross_attention` swaps the
-cross-attention of chosen decoder layers for one of these modules with the same shapes.
+those two ends: fairseq's masked logits and values (computed here with fairseq's cache
+layout, one query projection per call, and an optional offset added to the keys before
+they are cached), and the mixing of values with whatever weights a subclass computed.
+:func:`replace_cross_attention` swaps the cross-attention of chosen decoder layers for one
+of these modules with the same shapes.
 """
 
 from typing import Callable, Iterable, Optional, Tuple
@@ -16,25 +18,85 @@ from torch import Tensor
 
 
 class ReweightedCrossAttention(MultiheadAttention):
-    """fairseq's encoder-decoder ``MultiheadAttention`` with overridable weights."""
+    """fairseq's encoder-decoder ``MultiheadAttention`` with overridable weights (same
+    parameters, so pretrained weights load into it). Subclasses call
+    :meth:`masked_logits_and_values`, turn the logits into weights and call :meth:`attend`."""
 
     def __init__(self, embed_dim, num_heads, **kwargs):
         kwargs["encoder_decoder_attention"] = True
         super().__init__(embed_dim, num_heads, **kwargs)
+        if self.bias_k is not None or self.add_zero_attn:
+            raise ValueError("reweighted cross-attention supports neither add_bias_kv nor add_zero_attn")
 
-    def masked_logits_and_values(self, query, key, value, key_padding_mask, incremental_state) -> Tuple[Tensor, Tensor]:
-        """The parent's scaled, padding-masked logits ``(B*H) x T x S`` and values
-        ``(kv_bsz*H) x S x d``; it also reads and writes the cached keys and values."""
-        return MultiheadAttention.forward(
-            self,
-            query,
-            key,
-            value,
-            key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state,
-            static_kv=True,
-            before_softmax=True,
-        )
+    def masked_logits_and_values(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state,
+        key_offset: Optional[Callable[[int], Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor]:
+        """Scaled, padding-masked logits ``(B*H) x T x S`` and values ``(kv_bsz*H) x S x d``.
+
+        fairseq's encoder-decoder attention up to the softmax (one query projection per
+        call), with its incremental-state cache: keys and values are projected once per
+        source and kept under ``prev_key`` / ``prev_value`` / ``prev_key_padding_mask`` as
+        ``kv_bsz x H x S x d`` (beam search: one copy per sentence, ``kv_bsz = B / beam``),
+        so fairseq's ``reorder_incremental_state`` applies unchanged.
+
+        Args:
+            query: ``T x B x C``; key, value: ``S x B x C`` encoder states (ignored once cached).
+            key_padding_mask: ``B x S``, True at padding.
+            key_offset: called as ``key_offset(kv_bsz)`` when the keys are projected (not on
+                cached steps); returns ``S x kv_bsz x C``, added to the projected keys before
+                they are cached (EKI's E_D, Eq. 9).
+        """
+        tgt_len, bsz, _ = query.size()
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        q = self.q_proj(query) * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        if saved_state is not None and "prev_key" in saved_state:
+            prev_key, prev_value = saved_state["prev_key"], saved_state["prev_value"]
+            assert prev_key is not None and prev_value is not None
+            kv_bsz = prev_key.size(0)
+            k = prev_key.view(kv_bsz * self.num_heads, -1, self.head_dim)
+            v = prev_value.view(kv_bsz * self.num_heads, -1, self.head_dim)
+            key_padding_mask = saved_state.get("prev_key_padding_mask")
+        else:
+            assert key is not None and value is not None
+            if self.beam_size > 1 and bsz == key.size(1):
+                # S x (B*beam) x C: the beams of a sentence share its source, keep one
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0]
+                value = value.view(value.size(0), -1, self.beam_size, value.size(2))[:, :, 0]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
+            kv_bsz = key.size(1)
+            k = self.k_proj(key)  # S x kv_bsz x C
+            if key_offset is not None:
+                k = k + key_offset(kv_bsz)
+            v = self.v_proj(value)
+            k = k.contiguous().view(-1, kv_bsz * self.num_heads, self.head_dim).transpose(0, 1)
+            v = v.contiguous().view(-1, kv_bsz * self.num_heads, self.head_dim).transpose(0, 1)
+            if saved_state is not None:
+                saved_state["prev_key"] = k.view(kv_bsz, self.num_heads, -1, self.head_dim)
+                saved_state["prev_value"] = v.view(kv_bsz, self.num_heads, -1, self.head_dim)
+                saved_state["prev_key_padding_mask"] = key_padding_mask
+                self._set_input_buffer(incremental_state, saved_state)
+        src_len = k.size(1)
+        if kv_bsz == bsz:
+            logits = torch.bmm(q, k.transpose(1, 2))
+        else:  # every beam of a sentence against the sentence's one copy of the keys
+            logits = torch.einsum(
+                "bxhtd,bhsd->bxhts",
+                q.view(kv_bsz, -1, self.num_heads, tgt_len, self.head_dim),
+                k.view(kv_bsz, self.num_heads, src_len, self.head_dim),
+            ).reshape(-1, tgt_len, src_len)
+        if key_padding_mask is not None:
+            pad = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
+            logits = logits.view(kv_bsz, -1, self.num_heads, tgt_len, src_len).masked_fill(pad, float("-inf"))
+            logits = logits.view(bsz * self.num_heads, tgt_len, src_len)
+        return logits, v
 
     def attend(
         self, weights: Tensor, v: Tensor, bsz: int, tgt_len: int, need_weights: bool, need_head_weights: bool

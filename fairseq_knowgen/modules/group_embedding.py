@@ -7,7 +7,9 @@ position embeddings::
     E(c_j) = E_B(c_j) + E_C,        E(o_k) = E_B(o_k) + E_O                            (Eq. 3)
 
 Group ids: 0 padding (and anything outside both parts), 1 concept, 2 prototype. The table
-starts at zero, so a pretrained model's input is unchanged at the first step.
+starts at zero, so a pretrained model's input is unchanged at the first step (the EKI models
+reset it to zero after fairseq's own initialization, e.g. BART's ``init_bert_params``, which
+would draw it from N(0, 0.02^2)).
 """
 
 import torch.nn as nn
@@ -17,9 +19,14 @@ PAD_GROUP, CONCEPT_GROUP, PROTOTYPE_GROUP = 0, 1, 2
 
 
 class GroupEmbedding(nn.Module):
+    """E_C / E_O of Eq. 3 (and a zero row for padding). Args: embed_dim, num_groups."""
+
     def __init__(self, embed_dim: int, num_groups: int = 3):
         super().__init__()
         self.embed = nn.Embedding(num_groups, embed_dim, padding_idx=PAD_GROUP)
+        self.reset_eki_parameters()
+
+    def reset_eki_parameters(self):
         nn.init.zeros_(self.embed.weight)
 
     def forward(self, groups: Tensor) -> Tensor:

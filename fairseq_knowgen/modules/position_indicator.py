@@ -15,14 +15,17 @@ encoder-decoder attention::
 
     S(h_u^d, h_v^e) = (W_q h_u^d)^T (W_k h_v^e + E_D(D(s_v))) / sqrt(d_k)
 
-implemented as the usual logits plus q . E_D(D) per head, so that the cached keys and
-values of incremental decoding stay fairseq's. E_D starts at zero (the pretrained
-attention unchanged).
+implemented exactly so: E_D(D) is added to the projected keys once per source (before
+fairseq's incremental-state cache stores them), so a decoding step costs what fairseq's
+attention costs and the cache keeps fairseq's layout and beam reordering. Each decoder layer
+with the indicator has its own E_D (``distance_embed``, ``max_distance + 1`` rows). E_D starts
+at zero (the pretrained attention unchanged) and is reset to zero after fairseq's own
+initialization (BART's ``init_bert_params``), see :meth:`PositionIndicatorAttention.reset_eki_parameters`.
 """
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,16 +46,34 @@ class PositionIndicatorAttention(ReweightedCrossAttention):
 
     Same parameters as fairseq's ``MultiheadAttention`` plus ``distance_embed``
     (``max_distance + 1`` x embed_dim); takes ``distances`` (``B x S``) in ``forward``.
+
+    Args (besides MultiheadAttention's):
+        max_distance: distances are clipped to this (>= 1: concept tokens 0, prototype tokens 1+).
     """
 
     def __init__(self, embed_dim, num_heads, max_distance: int = 64, **kwargs):
         super().__init__(embed_dim, num_heads, **kwargs)
+        if max_distance < 1:
+            raise ValueError(f"max_distance must be >= 1 (concepts 0, prototype tokens 1+), got {max_distance}")
         self.max_distance = max_distance
         self.distance_embed = nn.Embedding(max_distance + 1, embed_dim)
-        nn.init.zeros_(self.distance_embed.weight)
+        self.reset_eki_parameters()
         # set by EKIDecoder.extract_features for the duration of one decoder call (fairseq's
         # decoder layer passes no extra arguments to its attention)
         self.distances: Optional[Tensor] = None
+
+    def reset_eki_parameters(self):
+        """E_D = 0: the attention starts as the pretrained one. (Not named ``reset_parameters``,
+        which MultiheadAttention's constructor calls for its projections.)"""
+        nn.init.zeros_(self.distance_embed.weight)
+
+    def distance_keys(self, distances: Tensor, kv_bsz: int) -> Tensor:
+        """E_D(D): ``S x kv_bsz x C`` from distances ``B x S``. In beam search fairseq keeps
+        one copy of each sentence's keys for its ``B / kv_bsz`` beams: take the first beam's
+        row, as it does for the keys."""
+        if distances.size(0) != kv_bsz:
+            distances = distances.view(kv_bsz, -1, distances.size(1))[:, 0]
+        return self.distance_embed(distances.clamp(0, self.max_distance)).transpose(0, 1)
 
     def forward(
         self,
@@ -68,19 +89,19 @@ class PositionIndicatorAttention(ReweightedCrossAttention):
         need_head_weights=False,
         distances: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query ``T x B x C``, key/value ``S x B x C``, distances ``B x S`` ->
+        (``T x B x C``, weights as fairseq returns them)."""
         distances = self.distances if distances is None else distances
         if distances is None:
             raise ValueError("the position indicator needs the prototype distances of the source")
         tgt_len, bsz, _ = query.size()
-        logits, v = self.masked_logits_and_values(query, key, value, key_padding_mask, incremental_state)
-        # q . E_D(D) per head: q as the parent scales it, distances per (sentence x beam)
-        q = (self.q_proj(query) * self.scaling).view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
-        e = self.distance_embed(distances.clamp(0, self.max_distance))  # B x S x C
-        e = (
-            e.view(bsz, -1, self.num_heads, self.head_dim)
-            .transpose(1, 2)
-            .reshape(bsz * self.num_heads, -1, self.head_dim)
+        logits, v = self.masked_logits_and_values(
+            query,
+            key,
+            value,
+            key_padding_mask,
+            incremental_state,
+            key_offset=functools.partial(self.distance_keys, distances),
         )
-        logits = logits + torch.bmm(q, e.transpose(1, 2))
         probs = F.softmax(logits.float(), dim=-1).type_as(logits)
         return self.attend(probs, v, bsz, tgt_len, need_weights, need_head_weights)

@@ -6,11 +6,19 @@ On each encoder output state h_v (every channel separately)::
     h_v   <- h_v * (2 Lambda)
 
 so that a token likely to matter can be strengthened (2 Lambda > 1) and a noisy prototype
-token weakened in the encoder-decoder attention. The weights start from N(0, std^2) with a
-small std and the biases at 0, so that Lambda ~ 0.5 and 2 Lambda ~ 1 at the start: a
-pretrained model's encoder output is not disturbed. ``Mean(Lambda_v)`` over channels is the
+token weakened in the encoder-decoder attention. ``Mean(Lambda_v)`` over channels is the
 probability of the token-level classification L_E (Eq. 6, in the criterion
 ``eki_label_smoothed_cross_entropy``): does token v occur in the target?
+
+Initialization. The paper draws the weights from N(0, std^2) with a small std and the biases
+at 0, so that Lambda ~ 0.5 and 2 Lambda ~ 1: a pretrained model's encoder output is barely
+disturbed (``init="normal"``). The default ``init="mirrored"`` makes the start exact: each
+weight is still drawn from N(0, std^2), but the second half of the hidden units copies the
+first half's W1 rows and negates its W2 columns, so W2 act(W1 h) = 0 for every h (up to
+float rounding, ~1e-12 at std 1e-3, far below float32's resolution at 0.5): Lambda = 0.5 and
+2 Lambda = 1 exactly, and EKI-BART computes BART's function before its first update. Unlike
+W2 = 0 it leaves every weight a non-zero gradient at the first step (the two halves get
+opposite W1 gradients and then drift apart). With an odd d_s the last unit's W2 column is 0.
 """
 
 import torch
@@ -18,18 +26,52 @@ import torch.nn as nn
 from fairseq import utils
 from torch import Tensor
 
+SCALING_INITS = ("mirrored", "normal")
+
 
 class ScalingModule(nn.Module):
-    """Args: embed_dim (d), inner_dim (d_s), activation (the paper: relu), init_std."""
+    """Eq. 5 on ``... x d`` encoder states.
 
-    def __init__(self, embed_dim: int, inner_dim: int, activation: str = "relu", init_std: float = 1e-3):
+    Args:
+        embed_dim: d.
+        inner_dim: d_s (>= 1).
+        activation: the paper's is relu.
+        init_std: std of the N(0, std^2) weights (> 0).
+        init: ``mirrored`` (exact identity at the start, see the module docstring) or
+            ``normal`` (the paper's plain N(0, std^2): 2 Lambda ~ 1).
+    """
+
+    def __init__(
+        self, embed_dim: int, inner_dim: int, activation: str = "relu", init_std: float = 1e-3, init: str = "mirrored"
+    ):
         super().__init__()
+        if inner_dim < 1:
+            raise ValueError(f"scaling module: inner size d_s must be >= 1, got {inner_dim}")
+        if not init_std > 0:
+            raise ValueError(f"scaling module: init std must be > 0, got {init_std}")
+        if init not in SCALING_INITS:
+            raise ValueError(f"scaling module: init must be one of {SCALING_INITS}, got {init!r}")
+        self.init_std, self.init = init_std, init
         self.fc1 = nn.Linear(embed_dim, inner_dim)
         self.fc2 = nn.Linear(inner_dim, embed_dim)
         self.activation = utils.get_activation_fn(activation)
-        for lin in (self.fc1, self.fc2):
-            nn.init.normal_(lin.weight, mean=0.0, std=init_std)
-            nn.init.zeros_(lin.bias)
+        self.reset_eki_parameters()
+
+    def reset_eki_parameters(self):
+        """The start described in the module docstring (also called by the EKI models after
+        fairseq's own initialization, e.g. BART's ``init_bert_params``)."""
+        with torch.no_grad():
+            for lin in (self.fc1, self.fc2):
+                nn.init.normal_(lin.weight, mean=0.0, std=self.init_std)
+                nn.init.zeros_(lin.bias)
+            if self.init == "mirrored":
+                half = self.fc1.out_features // 2
+                self.fc1.weight[half : 2 * half] = self.fc1.weight[:half]
+                self.fc2.weight[:, half : 2 * half] = -self.fc2.weight[:, :half]
+                self.fc2.weight[:, 2 * half :] = 0.0
+
+    def extra_repr(self):
+        return f"init={self.init}, init_std={self.init_std}"
 
     def forward(self, h: Tensor):
         """h: ``... x d``. Returns (h * 2 Lambda, Lambda), both ``... x d``."""

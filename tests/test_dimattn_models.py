@@ -103,7 +103,7 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
     assert tuned["cfg"]["model"].arch == "bart_dimattn_base"
     for k, v in bart.items():
         torch.testing.assert_close(tuned["model"][k], v, atol=1e-6, rtol=0)
-    run_cli(
+    gen = run_cli(
         "fairseq-generate",
         tiny_bin,
         "--user-dir",
@@ -116,6 +116,8 @@ def test_bart_dimattn_finetunes_from_bart_checkpoint(tiny_bin, tmp_path):
         "--batch-size",
         "8",
     )
+    # the fine-tuned bart_dimattn checkpoint decodes every test input with beam 5
+    assert gen.stdout.count("\nH-") == 24
 
 
 def test_coverage_maps_telescope(tiny_bin):

@@ -1,36 +1,94 @@
 """copy_transformer + force_copy: every term against a hand computation, and end to end."""
 
 import math
+import re
 
 import pytest
 import torch
 from conftest import TINY_MODEL, TRAIN_COMMON, run_cli
 
-from fairseq_knowgen.criterions.force_copy import force_copy_terms, switch_loss
+from fairseq_knowgen.criterions.force_copy import ForceCopyCriterion, force_copy_terms, switch_loss
 from fairseq_knowgen.modules.copy_generator import CopyGenerator
 from fairseq_knowgen.prep.placeholders import encode_pair, restore
 
-EOS, UNK = 2, 3
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
+
+
+def switch_with_p_gen(p_gen, dims=2):
+    """A CopyGenerator whose switch gives ``p_gen`` whatever its inputs."""
+    gen = CopyGenerator(state_dim=dims, context_dim=dims, input_dim=dims)
+    torch.nn.init.zeros_(gen.switch.weight)
+    torch.nn.init.constant_(gen.switch.bias, math.log(p_gen / (1 - p_gen)))
+    return gen
+
+
+def run_generator(gen, logits, src, attn, copyable, not_generated=None):
+    bsz, tgt_len, _ = logits.shape
+    state = torch.zeros(bsz, tgt_len, 2)
+    enc = torch.randn(bsz, src.size(1), 2)
+    return gen(logits, state, state, attn, enc, src, copyable, not_generated)
 
 
 def test_mixture_hand_computed():
     """P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{i: x_i = w} alpha_i (Eq. 6), EOS never copied."""
-    gen = CopyGenerator(state_dim=2, context_dim=2, input_dim=2)
-    torch.nn.init.zeros_(gen.switch.weight)
-    torch.nn.init.constant_(gen.switch.bias, math.log(0.25 / 0.75))  # p_gen = 0.25
+    gen = switch_with_p_gen(0.25)
     logits = torch.zeros(1, 1, 6)  # P_vocab uniform = 1/6
     src = torch.tensor([[4, 5, 4, EOS]])  # word 4 occurs twice
     attn = torch.tensor([[[0.2, 0.3, 0.4, 0.1]]])
     copyable = torch.tensor([[True, True, True, False]])
-    out = gen(logits, torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), attn, torch.randn(1, 4, 2), src, copyable)
+    out = run_generator(gen, logits, src, attn, copyable)
     alpha = torch.tensor([0.2, 0.3, 0.4]) / 0.9
     expected = torch.full((6,), 0.25 / 6)
     expected[4] += 0.75 * (alpha[0] + alpha[2])
     expected[5] += 0.75 * alpha[1]
-    torch.testing.assert_close(out["probs"][0, 0], expected)
-    assert out["probs"].sum().item() == pytest.approx(1.0)
+    torch.testing.assert_close(out["lprobs"][0, 0].exp(), expected)
+    assert out["lprobs"].exp().sum().item() == pytest.approx(1.0)
     assert out["p_gen"].item() == pytest.approx(0.25)
     assert out["copy_attn"][0, 0, 3].item() == 0.0
+
+
+def test_placeholders_have_zero_generation_probability_but_are_copied():
+    """Placeholders (ids 6, 7) are outside P_vocab: exactly probability 0 from the generator;
+    the mixture gives a placeholder of the source its copy mass only, one absent from the
+    source exactly 0."""
+    gen = switch_with_p_gen(0.25)
+    logits = torch.tensor([[[0.0, 1.0, 2.0, 0.5, -1.0, 0.3, 5.0, 4.0]]])  # placeholders have high logits
+    src = torch.tensor([[4, 6, EOS]])
+    attn = torch.tensor([[[0.5, 0.25, 0.25]]])
+    copyable = torch.tensor([[True, True, False]])
+    not_generated = torch.tensor([False] * 6 + [True, True])
+    out = run_generator(gen, logits, src, attn, copyable, not_generated)
+    exp = [math.exp(x) for x in logits[0, 0, :6].tolist()]
+    p_vocab = [e / sum(exp) for e in exp] + [0.0, 0.0]
+    copy = [0.0] * 8
+    copy[4], copy[6] = 0.5 / 0.75, 0.25 / 0.75
+    expected = [0.25 * p_vocab[w] + 0.75 * copy[w] for w in range(8)]
+    assert out["vocab_lprobs"][0, 0, 6:].tolist() == [-math.inf, -math.inf]
+    assert out["vocab_lprobs"][0, 0].exp().tolist() == pytest.approx(p_vocab, rel=1e-5)
+    assert out["lprobs"][0, 0].exp().tolist() == pytest.approx(expected, rel=1e-5)
+    assert out["lprobs"][0, 0, 6].item() == pytest.approx(math.log(0.75 * 0.25 / 0.75), rel=1e-6)
+    assert out["lprobs"][0, 0, 7].item() == -math.inf
+
+
+def test_log_probabilities_are_exact_where_a_clamp_was_wrong():
+    """log P is computed in log space: a word of probability ~6e-13 gets its log (~ -28.1),
+    not log(1e-10) = -23.03, and a switch logit of -40 gives log p_gen = -40."""
+    gen = switch_with_p_gen(0.5)
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0, -26.0]]])
+    src = torch.tensor([[1, 2]])
+    attn = torch.tensor([[[0.5, 0.5]]])
+    out = run_generator(gen, logits, src, attn, torch.tensor([[True, True]]))
+    # word 4 is not in the source: P(4) = 0.5 * e^-26 / (4 + e^-26)
+    expected = math.log(0.5) - 26.0 - math.log(4 + math.exp(-26.0))
+    assert expected < -27.6
+    assert out["lprobs"][0, 0, 4].item() == pytest.approx(expected, abs=1e-4)
+    assert torch.isfinite(out["lprobs"]).all()
+
+    torch.nn.init.constant_(gen.switch.bias, -40.0)  # p_gen = sigmoid(-40) ~ 4e-18
+    out = run_generator(gen, logits, src, attn, torch.tensor([[True, True]]))
+    assert out["lprobs"][0, 0, 0].item() == pytest.approx(-40.0 - math.log(4 + math.exp(-26.0)), abs=1e-4)
+    assert out["lprobs"][0, 0, 1].item() == pytest.approx(math.log(0.5), abs=1e-6)  # copied: (1 - p_gen) 0.5
 
 
 def test_loss_terms_hand_computed():
@@ -39,8 +97,8 @@ def test_loss_terms_hand_computed():
     src = torch.tensor([[4, 5, 4, 7, EOS]])
     copyable = torch.tensor([[True, True, True, True, False]])
     target = torch.tensor([[4, UNK, 5, 7]])
-    is_oov = torch.zeros(8, dtype=torch.bool)
-    is_oov[UNK] = is_oov[7] = True
+    placeholders = torch.zeros(8, dtype=torch.bool)
+    placeholders[7] = True
     alpha = torch.tensor([[[0.1, 0.2, 0.3, 0.4, 0.0]] * 4])
     p_gen = torch.tensor([[[0.8], [0.6], [0.5], [0.1]]])
     vocab = torch.full((1, 4, 8), 0.05)
@@ -48,21 +106,137 @@ def test_loss_terms_hand_computed():
     vocab = vocab / vocab.sum(-1, keepdim=True)
     copy = torch.zeros(1, 4, 8).scatter_add_(2, src.unsqueeze(1).expand(1, 4, 5), alpha)
     probs = p_gen * vocab + (1 - p_gen) * copy
-    t = force_copy_terms(probs, vocab, p_gen, alpha, src, target, copyable, is_oov)
+    logit = (p_gen / (1 - p_gen)).log()
+    t = force_copy_terms(probs.log(), vocab.log(), logit, alpha, src, target, copyable, placeholders, UNK)
 
     pv = [vocab[0, i, w].item() for i, w in enumerate([4, UNK, 5, 7])]
     attn_mass = [0.1 + 0.3, 0.0, 0.2, 0.4]  # sum of alpha over positions holding the target
     pg = [0.8, 0.6, 0.5, 0.1]
     nll = [-math.log(pg[i] * pv[i] + (1 - pg[i]) * attn_mass[i]) for i in range(4)]
     assert t["nll"][0].tolist() == pytest.approx(nll, rel=1e-5)
-    assert t["vocab"][0].tolist()[:3] == pytest.approx([-math.log(p) for p in pv[:3]], rel=1e-5)
+    # the placeholder 7 is outside the fixed vocabulary: loss_vocab is -log P_vocab(<unk>) (after Eq. 9)
+    assert t["vocab"][0].tolist() == pytest.approx([-math.log(p) for p in pv[:3]] + [-math.log(pv[1])], rel=1e-5)
+    skip = force_copy_terms(probs.log(), vocab.log(), logit, alpha, src, target, copyable, placeholders, UNK, "skip")
+    assert skip["vocab"][0].tolist() == pytest.approx([-math.log(p) for p in pv[:3]] + [0.0], rel=1e-5)
     assert t["attn"][0].tolist() == pytest.approx([-math.log(0.4), 0.0, -math.log(0.2), -math.log(0.4)], rel=1e-5)
     assert t["copy_force"][0].tolist() == [True, False, True, True]
     assert t["copy_force_unk"][0].tolist() == [False, False, False, True]
-    force = switch_loss(t["p_gen"], t["copy_force"])[0].tolist()
+    force = switch_loss(t["p_gen_logit"], t["copy_force"])[0].tolist()
     assert force == pytest.approx([-math.log(0.2), -math.log(0.6), -math.log(0.5), -math.log(0.9)], rel=1e-5)
-    unk = switch_loss(t["p_gen"], t["copy_force_unk"])[0].tolist()
+    unk = switch_loss(t["p_gen_logit"], t["copy_force_unk"])[0].tolist()
     assert unk == pytest.approx([-math.log(0.8), -math.log(0.6), -math.log(0.5), -math.log(0.9)], rel=1e-5)
+
+
+def test_switch_loss_is_exact_for_a_saturated_switch():
+    """-log(1 - p_gen) from the logit: z = 20 gives 20 + log(1 + e^-20), where 1 - sigmoid(20)
+    is 0 in float32 (the old clamp said 23.03)."""
+    z = torch.tensor([20.0, -30.0])
+    loss = switch_loss(z, torch.tensor([True, False])).tolist()
+    assert loss == pytest.approx([20.0 + math.log1p(math.exp(-20.0)), 30.0 + math.log1p(math.exp(-30.0))], rel=1e-6)
+
+
+class _Task:
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+class _FixedCopyModel(torch.nn.Module):
+    """Returns given P_vocab, alpha and p_gen as a copy decoder would (Eq. 6 in log space)."""
+
+    def __init__(self, vocab, alpha, p_gen, src):
+        super().__init__()
+        copy = torch.zeros_like(vocab).scatter_add_(2, src.unsqueeze(1).expand(-1, vocab.size(1), -1), alpha)
+        self.lprobs = (p_gen.unsqueeze(-1) * vocab + (1 - p_gen.unsqueeze(-1)) * copy).log()
+        self.extra = {
+            "vocab_lprobs": vocab.log(),
+            "copy_attn": alpha,
+            "p_gen": p_gen.unsqueeze(-1),
+            "p_gen_logit": (p_gen / (1 - p_gen)).log().unsqueeze(-1),
+        }
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens):
+        return self.lprobs, self.extra
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+
+def test_criterion_forward_hand_computed():
+    """The criterion's forward on a hand-made batch of two: labels of each mode, the three
+    loss weights, padding, a target <unk> with an <unk> in the source (never a copy), and
+    placeholders in and out of the source; force and force-unk differ."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    a, b, c, ph0, ph1 = (d.add_symbol(w) for w in ["a", "b", "c", "<unk-0>", "<unk-1>"])
+    src = torch.tensor([[a, ph0, b, UNK, EOS], [PAD, PAD, c, b, EOS]])
+    target = torch.tensor([[a, ph0, c, UNK, EOS], [b, a, ph1, EOS, PAD]])
+    gen = torch.Generator().manual_seed(0)
+    vocab = torch.rand(2, 5, len(d), generator=gen) + 0.1
+    vocab[:, :, [ph0, ph1]] = 0.0  # outside the fixed vocabulary
+    vocab = vocab / vocab.sum(-1, keepdim=True)
+    raw = torch.rand(2, 5, 5, generator=gen) + 0.1
+    raw = raw * torch.tensor([[1.0, 1, 1, 0, 0], [0, 0, 1, 1, 0]]).unsqueeze(1)  # copyable positions only
+    alpha = raw / raw.sum(-1, keepdim=True)
+    p_gen = torch.tensor([[0.9, 0.2, 0.7, 0.6, 0.8], [0.3, 0.6, 0.5, 0.9, 0.001]])
+    model = _FixedCopyModel(vocab, alpha, p_gen, src)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": None, "prev_output_tokens": None},
+        "target": target,
+        "ntokens": 9,
+    }
+    # by hand: (row, step, target, positions of the target in the source, force label, force-unk label)
+    steps = [
+        (0, 0, a, [0], 1, 0),
+        (0, 1, ph0, [1], 1, 1),
+        (0, 2, c, [], 0, 0),
+        (0, 3, UNK, [], 0, 0),  # the source's <unk> is not this word
+        (0, 4, EOS, [], 0, 0),
+        (1, 0, b, [3], 1, 0),
+        (1, 1, a, [], 0, 0),
+        (1, 2, ph1, [], 0, 0),  # placeholder not in the source: P = 0, left out of the NLL
+        (1, 3, EOS, [], 0, 0),
+    ]  # step (1, 4) is padding
+
+    def hand(mode, wv, wa, wp, oov="unk"):
+        tot = {"loss": 0.0, "nll_loss": 0.0, "loss_vocab": 0.0, "loss_attn": 0.0, "loss_pgen": 0.0, "copy_steps": 0}
+        for r, t, w, pos, force, force_unk in steps:
+            pg = p_gen[r, t].item()
+            mass = sum(alpha[r, t, i].item() for i in pos)
+            pv = vocab[r, t, w].item()
+            if w in (ph0, ph1):
+                nll = -math.log((1 - pg) * mass) if pos else 0.0
+                lv = -math.log(vocab[r, t, UNK].item()) if oov == "unk" else 0.0
+            else:
+                nll = -math.log(pg * pv + (1 - pg) * mass)
+                lv = -math.log(pv)
+            la = -math.log(mass) if pos else 0.0
+            label = {"none": force, "force": force, "force-unk": force_unk}[mode]
+            lp = (-math.log(1 - pg) if label else -math.log(pg)) if mode != "none" else 0.0
+            tot["nll_loss"] += nll
+            tot["loss_vocab"] += lv
+            tot["loss_attn"] += la
+            tot["loss_pgen"] += lp
+            tot["copy_steps"] += label
+            tot["loss"] += nll if mode == "none" else wv * lv + wa * la + wp * lp
+        return tot
+
+    results = {}
+    for mode, weights, oov in [
+        ("none", (1.0, 1.0, 1.0), "unk"),
+        ("force", (0.5, 2.0, 3.0), "unk"),
+        ("force-unk", (0.5, 2.0, 3.0), "unk"),
+        ("force", (1.0, 1.0, 1.0), "skip"),
+    ]:
+        crit = ForceCopyCriterion(_Task(d), mode, *weights, sentence_avg=False, oov_vocab_target=oov)
+        loss, sample_size, log = crit(model, sample)
+        expected = hand(mode, *weights, oov)
+        assert sample_size == 9
+        assert loss.item() == pytest.approx(expected["loss"], rel=1e-5), mode
+        for key, value in expected.items():
+            assert float(log[key]) == pytest.approx(value, rel=1e-5, abs=1e-6), (mode, key)
+        results[mode, oov] = loss.item()
+    assert results["force", "unk"] != pytest.approx(results["force-unk", "unk"], rel=1e-3)
 
 
 def test_placeholders_round_trip():
@@ -197,15 +371,49 @@ def test_copies_unseen_words_end_to_end(word_level_bin, tiny_raw, tmp_path):
     )
     vocab = {line.split()[0] for line in (word_level_bin / "text" / "dict.txt").read_text().splitlines()}
     src = (tiny_raw / "test.src").read_text().splitlines()
-    copied_oov = 0
-    for line in (tmp_path / "restored.out").read_text().splitlines():
+    restored = (tmp_path / "restored.out").read_text().splitlines()
+    for line in restored:
         if line.startswith("H-"):
             idx, _, text = line.split("\t")
             words = text.split()
             source_words = set(src[int(idx[2:])].split())
             assert set(words) <= source_words, (words, source_words)
-            copied_oov += sum(w not in vocab for w in words)
-    assert copied_oov > 0
+    encoded = (word_level_bin / "text" / "test.src").read_text().splitlines()
+    assert check_restored(out.stdout.splitlines(), restored, encoded, src, vocab) > 0
+
+
+def check_restored(hyp_lines, restored_lines, encoded_src, raw_src, vocab):
+    """Every ``<unk-N>`` of a hypothesis is a placeholder of its encoded source at position N
+    and is restored to raw source word N, a word outside the vocabulary; every other word is
+    left as it is. Returns the number of restored placeholders."""
+    hyps = {line.split("\t")[0]: line.split("\t")[2].split() for line in hyp_lines if line.startswith("H-")}
+    restored = {line.split("\t")[0]: line.split("\t")[2].split() for line in restored_lines if line.startswith("H-")}
+    assert hyps and hyps.keys() == restored.keys()
+    n = 0
+    for key, hyp in hyps.items():
+        i = int(key[2:])
+        assert len(restored[key]) == len(hyp), (hyp, restored[key])
+        for h, r in zip(hyp, restored[key]):
+            m = PLACEHOLDER.match(h)
+            if m:
+                pos = int(m.group(1))
+                assert encoded_src[i].split()[pos] == h, (i, h, encoded_src[i])
+                assert r == raw_src[i].split()[pos] and r not in vocab, (i, h, r, raw_src[i])
+                n += 1
+            else:
+                assert r == h
+    return n
+
+
+def test_check_restored_rejects_a_word_from_the_wrong_position():
+    raw = ["<S> Zorblat Quux <P> likes <O> Xyloville"]
+    enc = ["<S> <unk-1> <unk-2> <P> likes <O> <unk-6>"]
+    vocab = {"<S>", "<P>", "<O>", "likes"}
+    assert check_restored(["H-0\t-1.0\t<unk-2> likes"], ["H-0\t-1.0\tQuux likes"], enc, raw, vocab) == 1
+    with pytest.raises(AssertionError):  # source word 1, not 2
+        check_restored(["H-0\t-1.0\t<unk-2> likes"], ["H-0\t-1.0\tZorblat likes"], enc, raw, vocab)
+    with pytest.raises(AssertionError):  # <unk-3> is not a placeholder of this source
+        check_restored(["H-0\t-1.0\t<unk-3>"], ["H-0\t-1.0\t<P>"], enc, raw, vocab)
 
 
 @pytest.mark.parametrize("flags", [[], ["--dimattn-type", "dydim", "--copy-heads", "1"]])
@@ -222,7 +430,8 @@ def test_copy_incremental_equals_full(tiny_bin, flags):
     torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
     pgen = torch.cat([s[1]["p_gen"] for s in steps], 1)
     torch.testing.assert_close(pgen[real], extra["p_gen"][real], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(full.sum(-1)[real], torch.ones_like(full.sum(-1)[real]), atol=1e-5, rtol=0)
+    total = full.exp().sum(-1)[real]
+    torch.testing.assert_close(total, torch.ones_like(total), atol=1e-5, rtol=0)
 
 
 def test_copy_distribution_uses_diminishing_weights(tiny_bin):
@@ -243,9 +452,142 @@ def test_copy_distribution_uses_diminishing_weights(tiny_bin):
         _, extra = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
     maps = teacher_forced_maps(model, net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], layer=0)
     used = maps["used"].mean(1)  # B x T x S, heads averaged
-    copyable = ~model.decoder.special[net["src_tokens"]]
+    copyable = ~model.decoder.uncopyable[net["src_tokens"]]
     used = used * copyable.unsqueeze(1)
     expected = used / used.sum(-1, keepdim=True)
     torch.testing.assert_close(extra["copy_attn"], expected, atol=1e-5, rtol=1e-5)
     raw = maps["raw"].mean(1) * copyable.unsqueeze(1)
     assert not torch.allclose(extra["copy_attn"], raw / raw.sum(-1, keepdim=True), atol=1e-3)
+
+
+def test_copy_model_keeps_placeholders_out_of_p_vocab(word_level_bin):
+    """Word-level data with <unk-N> placeholders: P_vocab(<unk-N>) = 0 exactly; the mixture
+    gives a placeholder of the source (1 - p_gen) times its copy attention and one absent from
+    the source exactly 0; placeholders read <unk>'s input embedding; a placeholder target
+    absent from its source (P = 0) leaves the loss and every gradient finite."""
+    from helpers import build_task_and_model, first_batch
+
+    task, model, args = build_task_and_model(
+        word_level_bin / "bin", "copy_transformer", *TINY_MODEL, "--criterion", "force_copy"
+    )
+    d = task.target_dictionary
+    ph = torch.tensor([bool(PLACEHOLDER.match(s)) for s in d.symbols])
+    assert ph.sum() == 40  # --max-positions 40
+    for emb in (model.encoder.embed_tokens, model.decoder.embed_tokens):
+        ids = ph.nonzero().squeeze(1)
+        torch.testing.assert_close(emb(ids), emb.weight[d.unk()].expand(len(ids), -1), rtol=0, atol=0)
+        torch.testing.assert_close(emb(torch.tensor([5, 6])), emb.weight[[5, 6]], rtol=0, atol=0)
+    assert not any("remap" in k for k in model.state_dict())
+    model.eval()
+    sample = first_batch(task)
+    src = sample["net_input"]["src_tokens"]
+    with torch.no_grad():
+        lprobs, extra = model(**sample["net_input"])
+    assert (extra["vocab_lprobs"][..., ph] == -math.inf).all()
+    seen = 0
+    for b in range(src.size(0)):
+        for p in ph.nonzero().squeeze(1).tolist():
+            at = src[b].eq(p)
+            if at.any():
+                seen += 1
+                copy = (1 - extra["p_gen"][b, :, 0]) * extra["copy_attn"][b][:, at].sum(-1)
+                torch.testing.assert_close(lprobs[b, :, p], copy.log(), atol=1e-5, rtol=1e-5)
+            else:
+                assert (lprobs[b, :, p] == -math.inf).all()
+    assert seen > 0
+
+    # a target placeholder that its source lacks (as after truncating the source)
+    absent = next(p for p in ph.nonzero().squeeze(1).tolist() if not src[0].eq(p).any())
+    sample["target"][0, 0] = absent
+    for mode in ("none", "force"):
+        args.copy_supervision = mode
+        crit = task.build_criterion(args)
+        model.zero_grad()
+        loss, _, log = crit(model, sample)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(log["nll_loss"])
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, (mode, bad)
+
+
+def test_unk_is_never_a_copy_target(tiny_bin):
+    """An <unk> in the source gets no copy attention, and a target <unk> is not "in the
+    source" (no forced copy) even when the source has an <unk>."""
+    from helpers import build_task_and_model, first_batch
+
+    task, model, args = build_task_and_model(tiny_bin, "copy_transformer", *TINY_MODEL, "--criterion", "force_copy")
+    d = task.target_dictionary
+    model.eval()
+    sample = first_batch(task)
+    src, target = sample["net_input"]["src_tokens"], sample["target"]
+    first = src.ne(d.pad()).long().argmax(1)  # first real position (sources are left-padded)
+    src[torch.arange(src.size(0)), first] = d.unk()
+    target[:, 0] = d.unk()
+    with torch.no_grad():
+        lprobs, extra = model(**sample["net_input"])
+        assert (extra["copy_attn"][torch.arange(src.size(0)), :, first] == 0).all()
+        # P(<unk>) = p_gen P_vocab(<unk>): nothing copied
+        gen_only = torch.nn.functional.logsigmoid(extra["p_gen_logit"][..., 0]) + extra["vocab_lprobs"][..., d.unk()]
+        torch.testing.assert_close(lprobs[..., d.unk()], gen_only, atol=1e-5, rtol=1e-5)
+        _, _, log = task.build_criterion(args)(model, sample)
+    never = {d.pad(), d.eos(), d.bos(), d.unk()}
+    expected = 0
+    for s, t in zip(src.tolist(), target.tolist()):
+        copyable = set(s) - never
+        expected += sum(w in copyable for w in t if w != d.pad())
+    assert int(log["copy_steps"]) == expected
+
+
+def test_separate_dictionaries_are_refused(tiny_raw, tmp_path):
+    from helpers import build_task_and_model
+
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        tiny_raw / "train",
+        "--validpref",
+        tiny_raw / "valid",
+        "--destdir",
+        tmp_path,
+        "--workers",
+        "1",
+    )
+    assert (tmp_path / "dict.src.txt").read_text() != (tmp_path / "dict.tgt.txt").read_text()
+    with pytest.raises(ValueError, match="needs one dictionary for source and target") as err:
+        build_task_and_model(tmp_path, "copy_transformer", *TINY_MODEL)
+    assert str(tmp_path / "dict.src.txt") in str(err.value) and str(tmp_path / "dict.tgt.txt") in str(err.value)
+
+
+def test_temperature_tempers_the_mixture(tiny_bin):
+    """fairseq's sequence generator divides the decoder's first output by --temperature T
+    before get_normalized_probs: a copy model then decodes with P(w)^(1/T) / Z."""
+    from fairseq.sequence_generator import EnsembleModel
+    from helpers import build_task_and_model, first_batch
+
+    task, model, _ = build_task_and_model(tiny_bin, "copy_transformer", *TINY_MODEL)
+    model.eval()
+    net = first_batch(task)["net_input"]
+    ensemble = EnsembleModel([model])
+    prefix = net["prev_output_tokens"][:, :2]
+    with torch.no_grad():
+        enc = ensemble.forward_encoder(net)
+        full = model.decoder(prefix, encoder_out=enc[0])
+        p = model.get_normalized_probs(full, log_probs=False)[:, -1].double()
+        lp = {}
+        for temperature in (1.0, 2.0, 0.5):
+            state = [{}]
+            ensemble.forward_decoder(prefix[:, :1], enc, state, temperature)
+            lp[temperature] = ensemble.forward_decoder(prefix, enc, state, temperature)[0].double()
+    for temperature, out in lp.items():
+        tempered = p ** (1 / temperature)
+        expected = (tempered / tempered.sum(-1, keepdim=True)).log()
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+    def entropy(x):
+        return -(x.exp() * x).nansum(-1)
+
+    assert (entropy(lp[2.0]) > entropy(lp[1.0]) + 0.01).all() and (entropy(lp[0.5]) < entropy(lp[1.0]) - 0.01).all()

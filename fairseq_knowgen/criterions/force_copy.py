@@ -9,27 +9,44 @@ switch p_gen and the mixture P (Eq. 6), ``--copy-supervision`` selects:
     loss_attn  = -log sum_{i: x_i = w*_t} alpha_{t,i}   (only when w*_t is in X) (Eq. 10)
     loss_pgen  = -log(1 - p_gen) if w*_t in X, else -log p_gen                   (Eq. 11)
 - ``force-unk``: as ``force`` but loss_pgen copies only when w*_t is in X and *not* in the
-  target vocabulary V (an ``<unk>`` / ``<unk-N>`` placeholder)                  (Eq. 12)
+  target vocabulary V (an ``<unk-N>`` placeholder)                              (Eq. 12)
 
-"w*_t in X" means the target id occurs among the copyable source ids (not pad/EOS/BOS).
-Eq. 10 is undefined when w*_t is not in the source (log 0); the term is taken over the
-steps where it is defined, which is what "use attention as a guide for copying" means.
-Each term is weighted by a flag and logged on its own, with the share of copy steps
-(copy label 1) and the mean p_gen. ``nll_loss`` is always -log P(w*_t) of the mixture, so
-the modes can be compared on the distribution used for decoding.
+"w*_t in X" means the target id occurs among the copyable source ids: not pad/EOS/BOS and
+not ``<unk>`` (two ``<unk>`` stand for unknown words that need not be the same, so a target
+``<unk>`` is never a copy candidate). Eq. 10 is undefined when w*_t is not in the source
+(log 0); the term is taken over the steps where it is defined, which is what "use attention
+as a guide for copying" means.
+
+The ``<unk-N>`` placeholders are outside the fixed vocabulary, so P_vocab(<unk-N>) = 0 and
+Eq. 9 cannot be their own log-probability. ``--oov-vocab-target`` says what loss_vocab does
+at such a step: ``unk`` (default) uses -log P_vocab(<unk>), as the paper says after Eq. 9
+("P_vocab(w*_t) indicates the probability of generating the unknown token if w*_t is
+OOV"); ``skip`` leaves the step out of loss_vocab. A placeholder target missing from its
+source (a source truncated after the placeholders were made) has P(w*_t) = 0: such steps
+are left out of the mixture NLL (``none`` and the logged ``nll_loss``), which would be
+infinite there.
+
+All terms are computed in log space from the decoder's log P, log P_vocab and the switch
+logit z (log p_gen = logsigmoid(z), log(1 - p_gen) = logsigmoid(-z)); the copy mass of
+Eq. 10 is floored at float32's smallest normal number (~1e-38). Each term is weighted by a
+flag and logged on its own, with the share of copy steps (copy label 1) and the mean p_gen.
+``nll_loss`` is always -log P(w*_t) of the mixture, so the modes can be compared on the
+distribution used for decoding.
 """
 
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from ..models.copy_transformer import placeholder_mask, special_symbols_mask
+from ..models.copy_transformer import placeholder_mask, uncopyable_mask
 
 COPY_SUPERVISION = ChoiceEnum(["none", "force", "force-unk"])
+OOV_VOCAB_TARGET = ChoiceEnum(["unk", "skip"])
 
 
 @dataclass
@@ -40,56 +57,112 @@ class ForceCopyConfig(FairseqDataclass):
     vocab_loss_weight: float = field(default=1.0, metadata={"help": "weight of loss_vocab (Eq. 9)"})
     attn_loss_weight: float = field(default=1.0, metadata={"help": "weight of loss_attn (Eq. 10)"})
     pgen_loss_weight: float = field(default=1.0, metadata={"help": "weight of loss_pgen (Eq. 11/12)"})
+    oov_vocab_target: OOV_VOCAB_TARGET = field(
+        default="unk",
+        metadata={
+            "help": "loss_vocab (Eq. 9) when the target is an <unk-N> placeholder (outside the fixed vocabulary): "
+            "unk: -log P_vocab(<unk>), as the paper says after Eq. 9; skip: no loss_vocab at that step"
+        },
+    )
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
-def force_copy_terms(probs, vocab_probs, p_gen, copy_attn, src_tokens, target, copyable, is_oov, eps=1e-10):
-    """Per-step terms, each ``B x T``: mixture NLL, loss_vocab, loss_attn (0 where w* is not
-    in the source), the force and force-unk copy labels, and the source-match mask."""
+def force_copy_terms(
+    lprobs,
+    vocab_lprobs,
+    p_gen_logit,
+    copy_attn,
+    src_tokens,
+    target,
+    copyable,
+    placeholders,
+    unk,
+    oov_vocab_target="unk",
+):
+    """Per-step terms, each ``B x T``.
+
+    Args:
+        lprobs, vocab_lprobs: log P (Eq. 6) and log P_vocab (Eq. 4), ``B x T x V``
+        p_gen_logit: z of Eq. 5, ``B x T x 1``; copy_attn: alpha, ``B x T x S``
+        src_tokens: ``B x S``; target: ``B x T``; copyable: ``B x S`` bool
+        placeholders: ``V`` bool, the ``<unk-N>`` ids; unk: the ``<unk>`` id
+        oov_vocab_target: ``unk`` or ``skip`` (see ``--oov-vocab-target``)
+    Returns:
+        dict of ``nll`` (-log P(w*), 0 where not ``reachable``), ``vocab`` (Eq. 9), ``attn``
+        (Eq. 10, 0 where w* is not in the source), ``in_src``, the copy labels
+        ``copy_force`` (Eq. 11) and ``copy_force_unk`` (Eq. 12), and ``p_gen_logit``.
+    """
     match = (src_tokens.unsqueeze(1) == target.unsqueeze(2)) & copyable.unsqueeze(1)  # B x T x S
     in_src = match.any(-1)
-    attn_on_target = (copy_attn * match).sum(-1)
-    p_gen = p_gen.squeeze(-1)
-    nll = -probs.gather(-1, target.unsqueeze(-1)).squeeze(-1).clamp_min(eps).log()
-    vocab = -vocab_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1).clamp_min(eps).log()
-    attn = torch.where(in_src, -attn_on_target.clamp_min(eps).log(), torch.zeros_like(attn_on_target))
+    is_placeholder = placeholders[target]
+    reachable = in_src | ~is_placeholder  # P(w*) > 0: placeholders only by copying
+    gathered = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    nll = torch.where(reachable, -gathered, torch.zeros_like(gathered))
+    vocab_target = torch.where(is_placeholder, torch.full_like(target, unk), target)
+    vocab = -vocab_lprobs.gather(-1, vocab_target.unsqueeze(-1)).squeeze(-1)
+    if oov_vocab_target == "skip":
+        vocab = torch.where(is_placeholder, torch.zeros_like(vocab), vocab)
+    attn_on_target = (copy_attn * match).sum(-1).clamp_min(torch.finfo(copy_attn.dtype).tiny)
+    attn = torch.where(in_src, -attn_on_target.log(), torch.zeros_like(attn_on_target))
     return {
         "nll": nll,
+        "reachable": reachable,
         "vocab": vocab,
         "attn": attn,
         "in_src": in_src,
         "copy_force": in_src,
-        "copy_force_unk": in_src & is_oov[target],
-        "p_gen": p_gen,
+        "copy_force_unk": in_src & (is_placeholder | target.eq(unk)),
+        "p_gen_logit": p_gen_logit.squeeze(-1),
     }
 
 
-def switch_loss(p_gen, copy_label, eps=1e-10):
-    """-log(1 - p_gen) where the label says copy, -log p_gen elsewhere (Eq. 11/12)."""
-    return -torch.where(copy_label, (1.0 - p_gen).clamp_min(eps).log(), p_gen.clamp_min(eps).log())
+def switch_loss(p_gen_logit, copy_label):
+    """-log(1 - p_gen) = -logsigmoid(-z) where the label says copy, -log p_gen =
+    -logsigmoid(z) elsewhere (Eq. 11/12), z the switch logit of Eq. 5."""
+    return -F.logsigmoid(torch.where(copy_label, -p_gen_logit, p_gen_logit))
 
 
 @register_criterion("force_copy", dataclass=ForceCopyConfig)
 class ForceCopyCriterion(FairseqCriterion):
-    def __init__(self, task, copy_supervision, vocab_loss_weight, attn_loss_weight, pgen_loss_weight, sentence_avg):
+    def __init__(
+        self,
+        task,
+        copy_supervision,
+        vocab_loss_weight,
+        attn_loss_weight,
+        pgen_loss_weight,
+        sentence_avg,
+        oov_vocab_target="unk",
+    ):
         super().__init__(task)
         self.mode = str(copy_supervision)
         self.weights = (vocab_loss_weight, attn_loss_weight, pgen_loss_weight)
         self.sentence_avg = sentence_avg
-        self.register_buffer("special", special_symbols_mask(task.target_dictionary), persistent=False)
-        self.register_buffer("is_oov", placeholder_mask(task.target_dictionary), persistent=False)
+        self.oov_vocab_target = str(oov_vocab_target)
+        self.unk = task.target_dictionary.unk()
+        self.register_buffer("uncopyable", uncopyable_mask(task.target_dictionary), persistent=False)
+        self.register_buffer("placeholders", placeholder_mask(task.target_dictionary), persistent=False)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
-        probs, extra = net_output
-        for key in ("p_gen", "copy_attn", "vocab_probs"):
+        lprobs, extra = net_output
+        for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             if key not in extra:
                 raise ValueError(f"force_copy needs a copy model (--arch copy_transformer*): no '{key}' in output")
         target = model.get_targets(sample, net_output)
         src_tokens = sample["net_input"]["src_tokens"]
-        copyable = ~self.special[src_tokens]
+        copyable = ~self.uncopyable[src_tokens]
         t = force_copy_terms(
-            probs, extra["vocab_probs"], extra["p_gen"], extra["copy_attn"], src_tokens, target, copyable, self.is_oov
+            lprobs,
+            extra["vocab_lprobs"],
+            extra["p_gen_logit"],
+            extra["copy_attn"],
+            src_tokens,
+            target,
+            copyable,
+            self.placeholders,
+            self.unk,
+            self.oov_vocab_target,
         )
         mask = target.ne(self.padding_idx)
         if self.mode == "none":
@@ -98,12 +171,12 @@ class ForceCopyCriterion(FairseqCriterion):
             copy_label = t["in_src"]
         else:
             copy_label = t["copy_force"] if self.mode == "force" else t["copy_force_unk"]
-            pgen_loss = switch_loss(t["p_gen"], copy_label)
+            pgen_loss = switch_loss(t["p_gen_logit"], copy_label)
             wv, wa, wp = self.weights
             per_step = wv * t["vocab"] + wa * t["attn"] + wp * pgen_loss
 
-        def total(x):
-            return (x * mask).sum()
+        def total(x):  # over non-pad steps (masked_fill, not a product: no NaN from a pad step)
+            return x.masked_fill(~mask, 0).sum()
 
         loss = total(per_step)
         ntokens = sample["ntokens"]
@@ -115,7 +188,7 @@ class ForceCopyCriterion(FairseqCriterion):
             "loss_attn": total(t["attn"]).data,
             "loss_pgen": total(pgen_loss).data,
             "copy_steps": total(copy_label.float()).data,
-            "p_gen_sum": total(t["p_gen"]).data,
+            "p_gen_sum": total(extra["p_gen"].squeeze(-1)).data,
             "ntokens": ntokens,
             "nsentences": sample["target"].size(0),
             "sample_size": sample_size,

@@ -3,18 +3,34 @@
 The copy head (Eq. 5-6 of the force-copy paper, See et al.'s pointer-generator) is
 :class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`; train it with the
 ``force_copy`` criterion (``--copy-supervision none|force|force-unk``). The decoder returns
-the mixture *probabilities* P(w) as its first output, and ``p_gen``, the (renormalized) copy
-attention and P_vocab in its ``extra`` dict, so criteria and analyses can read them.
+the mixture *log-probabilities* log P(w) as its first output, and ``p_gen`` (with its logit
+``p_gen_logit``), the (renormalized) copy attention ``copy_attn`` and log P_vocab
+(``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
+
+Decoding: ``get_normalized_probs`` is ``log_softmax`` of that first output (a no-op on a
+normalized distribution), so fairseq-generate's ``--temperature T``, which divides the
+decoder's first output by T, samples and searches P(w)^(1/T) / Z: the temperature of the
+mixture, as ``softmax(logits / T)`` is for a plain transformer.
+
+Vocabulary: source and target must share one dictionary (the copy head scatters source ids
+into the target vocabulary; :meth:`CopyTransformerModel.build_model` refuses two). Its
+``<unk-N>`` placeholders (:mod:`fairseq_knowgen.prep.placeholders`) are outside the fixed
+vocabulary: P_vocab gives them probability 0, and their input embedding is ``<unk>``'s in
+encoder and decoder (as in fairseq's ``examples/pointer_generator`` and See et al.): a
+placeholder names a source position, not a word, so no vector of its own could mean
+anything across examples.
 
 With ``--dimattn-type`` (and the other ``--dimattn-*`` flags) the cross-attention of the
 copy layer (and any layer named by ``--dimattn-layers``) becomes diminishing attention,
 and the copy distribution uses the diminishing weights.
 """
 
+import os
 import re
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.nn as nn
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -31,19 +47,35 @@ from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_att
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
 
 
-def special_symbols_mask(dictionary) -> Tensor:
-    """Vocabulary-sized bool tensor: True for symbols that are never copied."""
+def uncopyable_mask(dictionary) -> Tensor:
+    """Vocabulary-sized bool tensor: True for symbols that are never copied (pad, EOS, BOS
+    and ``<unk>``: a source ``<unk>`` is some unknown word, not the target's)."""
     mask = torch.zeros(len(dictionary), dtype=torch.bool)
-    for idx in {dictionary.pad(), dictionary.eos(), dictionary.bos()}:
+    for idx in {dictionary.pad(), dictionary.eos(), dictionary.bos(), dictionary.unk()}:
         mask[idx] = True
     return mask
 
 
 def placeholder_mask(dictionary) -> Tensor:
-    """Vocabulary-sized bool tensor: True for ``<unk>`` and the ``<unk-N>`` placeholders."""
-    mask = torch.tensor([bool(PLACEHOLDER.match(s)) for s in dictionary.symbols], dtype=torch.bool)
-    mask[dictionary.unk()] = True
-    return mask
+    """Vocabulary-sized bool tensor: True for the ``<unk-N>`` placeholders (not ``<unk>``)."""
+    return torch.tensor([bool(PLACEHOLDER.match(s)) for s in dictionary.symbols], dtype=torch.bool)
+
+
+class UnkTiedEmbedding(nn.Embedding):
+    """An embedding that looks up ``<unk>``'s row for the ids in ``tied`` (the placeholders).
+
+    Same weight (and state-dict entry) as the embedding it wraps; the rows of the tied ids
+    are never read."""
+
+    def __init__(self, embedding: nn.Embedding, tied: Tensor, unk: int):
+        super().__init__(embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx)
+        self.weight = embedding.weight
+        remap = torch.arange(embedding.num_embeddings)
+        remap[tied] = unk
+        self.register_buffer("remap", remap, persistent=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return super().forward(self.remap[tokens])
 
 
 class SourceKeepingEncoder(TransformerEncoderBase):
@@ -72,7 +104,8 @@ class CopyTransformerDecoder(TransformerDecoderBase):
             raise ValueError(f"--copy-heads must be in 1..{cfg.decoder.attention_heads}, got {copy_heads}")
         self.copy_heads = copy_heads
         self.copy_generator = CopyGenerator(self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim)
-        self.register_buffer("special", special_symbols_mask(dictionary), persistent=False)
+        self.register_buffer("uncopyable", uncopyable_mask(dictionary), persistent=False)
+        self.register_buffer("placeholders", placeholder_mask(dictionary), persistent=False)
 
     def forward(
         self,
@@ -86,8 +119,9 @@ class CopyTransformerDecoder(TransformerDecoderBase):
         src_lengths: Optional[Any] = None,
         return_all_hiddens: bool = False,
     ):
-        """Returns (P(w) ``B x T x V`` probabilities, extra) where extra holds ``p_gen``
-        (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_probs`` and ``attn``."""
+        """Returns (log P(w) ``B x T x V``, extra) where extra holds ``p_gen`` and
+        ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_lprobs``
+        (``B x T x V``) and ``attn``."""
         x, extra = self.extract_features(
             prev_output_tokens,
             encoder_out=encoder_out,
@@ -108,15 +142,19 @@ class CopyTransformerDecoder(TransformerDecoderBase):
             extra["attn"][0],
             enc,
             src_tokens,
-            copyable_mask(src_tokens, self.special),
+            copyable_mask(src_tokens, self.uncopyable),
+            self.placeholders,
         )
-        extra.update(p_gen=out["p_gen"], copy_attn=out["copy_attn"], vocab_probs=out["vocab_probs"])
+        for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
+            extra[key] = out[key]
         extra["attn"] = [out["copy_attn"]]
-        return out["probs"], extra
+        return out["lprobs"], extra
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        probs = net_output[0].float()
-        return probs.clamp_min(1e-10).log() if log_probs else probs
+        """(Log-)softmax of the first output: the mixture itself, or P(w)^(1/T) / Z after
+        fairseq's sequence generator divided it by ``--temperature`` T."""
+        lprobs = net_output[0].float()
+        return torch.log_softmax(lprobs, dim=-1) if log_probs else torch.softmax(lprobs, dim=-1)
 
 
 @register_model("copy_transformer")
@@ -139,6 +177,34 @@ class CopyTransformerModel(TransformerModel):
             help="average the copy attention over the first H heads (default: all)",
         )
         add_dimattn_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        """fairseq's transformer, after checking that source and target share one dictionary:
+        Eq. 6 adds alpha at source ids to P_vocab at target ids, so the two id spaces must be
+        the same."""
+        src, tgt = task.source_dictionary, task.target_dictionary
+        if src is not None and (
+            src.symbols != tgt.symbols
+            or [src.pad(), src.eos(), src.bos(), src.unk()] != [tgt.pad(), tgt.eos(), tgt.bos(), tgt.unk()]
+        ):
+            cfg = getattr(task, "cfg", args)  # the task infers the language pair into its cfg
+            data = str(getattr(cfg, "data", "DATA")).split(":")[0]
+            langs = (getattr(cfg, "source_lang", None) or "SRC", getattr(cfg, "target_lang", None) or "TGT")
+            files = [os.path.join(data, f"dict.{lang}.txt") for lang in langs]
+            raise ValueError(
+                f"{args.arch} needs one dictionary for source and target (the copy head copies source ids "
+                f"into the target vocabulary), but {files[0]} has {len(src)} symbols and {files[1]} "
+                f"{len(tgt)}, not the same list; preprocess with --joined-dictionary or with the same "
+                "--srcdict and --tgtdict"
+            )
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_embedding(cls, args, dictionary, embed_dim, path=None):
+        emb = super().build_embedding(args, dictionary, embed_dim, path)
+        tied = placeholder_mask(dictionary)
+        return UnkTiedEmbedding(emb, tied, dictionary.unk()) if tied.any() else emb
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

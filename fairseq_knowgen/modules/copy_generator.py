@@ -4,28 +4,53 @@ Paper text: ``shared/seeds/force_copy.txt``. At each target step t, with copy at
 alpha_t over source positions, encoder states h_i, decoder state s_t and decoder input
 embedding y_t:
 
-- context vector: c_t = sum_i alpha_{t,i} h_i
-- soft switch (Eq. 5): p_gen = sigmoid(w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr)
+- context vector (Eq. 3): c_t = sum_i alpha_{t,i} h_i
+- vocabulary distribution (Eq. 4): P_vocab = softmax(logits), over the *fixed* vocabulary
+- soft switch (Eq. 5): p_gen = sigmoid(z), z = w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr
 - mixture (Eq. 6):     P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{i: x_i = w} alpha_{t,i}
+
+Eq. 6 is computed in log space: log P(w) = logsumexp(log p_gen + log P_vocab(w),
+log(1 - p_gen) + log sum_{i: x_i = w} alpha_{t,i}), with log p_gen = logsigmoid(z),
+log(1 - p_gen) = logsigmoid(-z) and log P_vocab = log_softmax(logits), so a word of
+probability 1e-12 gets log 1e-12, not a clamped value. The copy attention comes from an
+attention layer as probabilities: its log is exact down to float32's smallest normal number
+(~1e-38) and floored there for words of the source (never -inf for a word the source has);
+words absent from the source get exactly log 0 = -inf from the copy part.
 
 Choices the text leaves open (documented here, flags of ``copy_transformer``):
 
 - alpha comes from one decoder cross-attention layer, averaged over its first
   ``--copy-heads`` heads (default: all) of layer ``--copy-layer`` (default: last);
 - alpha is renormalized over *copyable* source positions: special symbols (EOS, BOS, pad)
-  are never copied, so the copy part is a proper distribution over source words. When that
-  layer uses diminishing attention, alpha is its diminishing weights, renormalized;
+  and ``<unk>`` are never copied (an ``<unk>`` in the source stands for some unknown word,
+  not for the target's), so the copy part is a proper distribution over source words. When
+  that layer uses diminishing attention, alpha is its diminishing weights, renormalized;
 - words outside the vocabulary are copied through placeholder symbols ``<unk-N>`` (the
   source word at position N), as in fairseq's ``examples/pointer_generator``; see
-  :mod:`fairseq_knowgen.prep.placeholders`. With subword (BPE) input every piece is in the
-  vocabulary, and the head copies pieces.
+  :mod:`fairseq_knowgen.prep.placeholders`. The placeholders are not in the fixed
+  vocabulary: ``not_generated`` sets their logits to -inf, so P_vocab gives them exactly 0
+  ("if w is an OOV word, then P_vocab(w) is zero", after Eq. 6) and they reach the output
+  only by copying. With subword (BPE) input every piece is in the vocabulary, and the head
+  copies pieces.
 """
 
 from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
+
+
+def log_add(a: Tensor, b: Tensor) -> Tensor:
+    """log(exp(a) + exp(b)) elementwise for a, b < +inf; -inf where both are -inf, with zero
+    gradients there (``torch.logaddexp`` gives NaN gradients where both are -inf, which the
+    placeholders absent from a source are)."""
+    m = torch.maximum(a, b)
+    none = m == float("-inf")
+    m = m.masked_fill(none, 0.0)
+    s = torch.exp(a - m) + torch.exp(b - m)
+    return (m + s.masked_fill(none, 1.0).log()).masked_fill(none, float("-inf"))
 
 
 class CopyGenerator(nn.Module):
@@ -51,32 +76,50 @@ class CopyGenerator(nn.Module):
         encoder_states: Tensor,
         src_tokens: Tensor,
         copyable: Tensor,
+        not_generated: Optional[Tensor] = None,
     ) -> Dict[str, Tensor]:
         """
         Args:
             vocab_logits: ``B x T x V``; state: ``B x T x C_s``; input_embed: ``B x T x C_y``
             attn: raw copy attention ``B x T x S``; encoder_states: ``B x S x C_h``
             src_tokens: ``B x S`` vocabulary ids; copyable: ``B x S`` bool
+            not_generated: ``V`` bool, ids outside the fixed vocabulary (P_vocab = 0)
         Returns:
-            dict with ``probs`` (Eq. 6, ``B x T x V``), ``vocab_probs``, ``p_gen``
-            (``B x T x 1``) and ``copy_attn`` (alpha renormalized, ``B x T x S``).
+            dict with ``lprobs`` (log of Eq. 6, ``B x T x V``), ``vocab_lprobs`` (log
+            P_vocab), ``p_gen`` and its logit ``p_gen_logit`` (z of Eq. 5, ``B x T x 1``)
+            and ``copy_attn`` (alpha renormalized, ``B x T x S``).
         """
-        bsz, tgt_len, _ = vocab_logits.shape
+        bsz, tgt_len, vocab_size = vocab_logits.shape
         assert attn.shape == (bsz, tgt_len, src_tokens.size(1)), (attn.shape, src_tokens.shape)
+        assert copyable.shape == src_tokens.shape, (copyable.shape, src_tokens.shape)
         alpha = attn.float() * copyable.unsqueeze(1)
         alpha = alpha / alpha.sum(-1, keepdim=True).clamp_min(1e-9)
         context = torch.bmm(alpha.type_as(encoder_states), encoder_states)  # B x T x C_h
-        p_gen = torch.sigmoid(self.switch(torch.cat([context, state, input_embed], dim=-1)).float())
-        vocab_probs = torch.softmax(vocab_logits.float(), dim=-1)
-        copy_probs = torch.zeros_like(vocab_probs).scatter_add_(
-            2, src_tokens.unsqueeze(1).expand(bsz, tgt_len, -1), alpha
-        )
-        probs = p_gen * vocab_probs + (1.0 - p_gen) * copy_probs
-        return {"probs": probs, "vocab_probs": vocab_probs, "p_gen": p_gen, "copy_attn": alpha}
+        z = self.switch(torch.cat([context, state, input_embed], dim=-1)).float()  # B x T x 1
+        logits = vocab_logits.float()
+        if not_generated is not None:
+            logits = logits.masked_fill(not_generated.to(logits.device), float("-inf"))
+        vocab_lprobs = torch.log_softmax(logits, dim=-1)
+        index = src_tokens.unsqueeze(1).expand(bsz, tgt_len, -1)
+        copy_probs = torch.zeros_like(vocab_lprobs).scatter_add_(2, index, alpha)  # B x T x V
+        in_source = torch.zeros(bsz, vocab_size, device=alpha.device).scatter_add_(1, src_tokens, copyable.float())
+        # log of the copy mass: floored at the smallest normal float for words of the source
+        # (an attention weight may underflow), exactly -inf for the others
+        tiny = torch.finfo(copy_probs.dtype).tiny
+        copy_lprobs = copy_probs.clamp_min(tiny).log().masked_fill(in_source.eq(0).unsqueeze(1), float("-inf"))
+        lprobs = log_add(F.logsigmoid(z) + vocab_lprobs, F.logsigmoid(-z) + copy_lprobs)
+        return {
+            "lprobs": lprobs,
+            "vocab_lprobs": vocab_lprobs,
+            "p_gen": torch.sigmoid(z),
+            "p_gen_logit": z,
+            "copy_attn": alpha,
+        }
 
 
-def copyable_mask(src_tokens: Tensor, special: Optional[Tensor]) -> Tensor:
-    """True at source positions whose token may be copied (not pad/EOS/BOS)."""
-    if special is None:
+def copyable_mask(src_tokens: Tensor, uncopyable: Optional[Tensor]) -> Tensor:
+    """True at source positions whose token may be copied (``uncopyable``: a ``V`` bool
+    mask of ids that are never copied, e.g. pad/EOS/BOS/``<unk>``)."""
+    if uncopyable is None:
         return torch.ones_like(src_tokens, dtype=torch.bool)
-    return ~special.to(src_tokens.device)[src_tokens]
+    return ~uncopyable.to(src_tokens.device)[src_tokens]

@@ -6,15 +6,20 @@ Each part is its own module and its own switch, for ablations:
 - ``--eki-group-embeddings``: E_C / E_O added to the input embeddings (Eq. 3,
   :mod:`~fairseq_knowgen.modules.group_embedding`);
 - ``--eki-scaling``: the scaling module on the encoder output (Eq. 5,
-  :mod:`~fairseq_knowgen.modules.scaling_module`), inner size ``--eki-scaling-dim``; its
+  :mod:`~fairseq_knowgen.modules.scaling_module`), inner size ``--eki-scaling-dim``, weights
+  N(0, ``--eki-scaling-init-std``^2) arranged by ``--eki-scaling-init``; its
   Mean(Lambda) feeds L_E in the ``eki_label_smoothed_cross_entropy`` criterion (Eq. 6);
 - ``--eki-position-indicator``: E_D added to the cross-attention keys of the decoder layers
   ``--eki-position-layers`` (default all; Eq. 7-9,
   :mod:`~fairseq_knowgen.modules.position_indicator`).
 
 A switched-off part creates no parameters (no rank waits for a gradient under DDP). Use
-them with ``--task eki_generation``. Fine-tuning from BART (the new parameters start so
-that the pretrained model is unchanged: zero group and distance embeddings, 2 Lambda ~ 1)::
+them with ``--task eki_generation`` on data binarized with one dictionary for source and target
+(``fairseq-preprocess --joined-dictionary``; separate dictionaries are refused at build time).
+Fine-tuning from BART: the new parameters start so that the model computes BART's function
+exactly (zero group and distance embeddings, the scaling module at 2 Lambda = 1 with
+``--eki-scaling-init mirrored``, the default), reset to that start after BART's own
+``init_bert_params``, which would draw them from N(0, 0.02^2)::
 
     fairseq-train DATA --user-dir fairseq_knowgen --task eki_generation --arch eki_bart_large \\
         --restore-file bart.large/model.pt --reset-optimizer --reset-dataloader --reset-meters \\
@@ -147,14 +152,6 @@ def eki_defaults(args):
         raise ValueError(f"--eki-scaling-init must be one of {SCALING_INITS}, got {args.eki_scaling_init!r}")
 
 
-def parse_position_layers(spec: str, num_layers: int) -> List[int]:
-    """``--eki-position-layers`` -> sorted layer indices; errors name that flag."""
-    try:
-        return parse_layers(spec, num_layers)
-    except ValueError as e:
-        raise ValueError(str(e).replace("--dimattn-layers", "--eki-position-layers")) from None
-
-
 def check_shared_dictionary(src_dict, tgt_dict):
     """EKI compares and scatters token ids between source and target (L_E labels, concept
     matches) and applies the target dictionary's special-symbol masks to source ids: both
@@ -229,7 +226,9 @@ class EKIDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
         self.position_layers = []
         if args.eki_position_indicator:
-            self.position_layers = parse_position_layers(args.eki_position_layers, len(self.layers))
+            self.position_layers = parse_layers(
+                args.eki_position_layers, len(self.layers), flag="--eki-position-layers"
+            )
             build = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
             replace_cross_attention(self, self.position_layers, build)
 

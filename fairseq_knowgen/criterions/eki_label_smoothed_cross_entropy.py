@@ -1,13 +1,22 @@
 """``eki_label_smoothed_cross_entropy``: label-smoothed NLL + lambda * L_E (EKI, Eq. 6 and 10).
 
 L_E is the binary cross-entropy of the scaling module's Mean(Lambda_v) over channels
-against the token labels of :class:`~fairseq_knowgen.data.eki_dataset.EKIDataset` (1: the
-source token occurs in the target, or is a concept), summed over non-padding source tokens::
+against the token labels y_v of :class:`~fairseq_knowgen.data.eki_dataset.SourceAnnotator`,
+summed over the labelled source tokens::
 
     L_E = - sum_v [ y_v log Mean(Lambda_v) + (1 - y_v) log(1 - Mean(Lambda_v)) ]       (Eq. 6)
     loss = L_D (label-smoothed) + lambda * L_E
 
-``--eki-lambda`` is lambda; L_E is logged per source token (``loss_e``, in bits like
+Labels: y_v = I{s_v in T}, 1 when the source token's id occurs in the target. Eq. 6 sums
+over every s_v in S = [C, O] (Eq. 2) with this one indicator, concepts included, so
+``--eki-concept-label target`` (the default) is the paper's; ``always`` labels every concept
+token 1 (the concepts must all appear in the sentence, but a concept's token may not:
+``run`` vs ``runs``, and then the paper's label is 0). ``<sep>``, ``</s>``, ``<s>`` and
+padding are left out of L_E and of ``acc_e``: they are no tokens of C or O (Eq. 2), their
+labels are trivial (every target ends in ``</s>``, none holds ``<sep>``) and would only
+inflate the accuracy.
+
+``--eki-lambda`` is lambda; L_E is logged per labelled source token (``loss_e``, in bits like
 fairseq's losses) with the label accuracy of Mean(Lambda) > 0.5 (``acc_e``). A model
 without the scaling module gives no Lambda, and then L_E is 0.
 """
@@ -22,15 +31,39 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from fairseq.dataclass import ChoiceEnum
+from torch import Tensor
+
+from ..modules.group_embedding import CONCEPT_GROUP
+
+CONCEPT_LABEL_CHOICES = ("target", "always")
+CONCEPT_LABELS = ChoiceEnum(list(CONCEPT_LABEL_CHOICES))
 
 
 @dataclass
 class EKICriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     eki_lambda: float = field(default=1.0, metadata={"help": "weight lambda of L_E (Eq. 6)"})
+    eki_concept_label: CONCEPT_LABELS = field(
+        default="target",
+        metadata={
+            "help": "L_E label of concept tokens: 'target' (default, the paper's Eq. 6: 1 only when the token occurs "
+            "in the target, as for prototype tokens) or 'always' (1 for every concept token)"
+        },
+    )
+
+
+def l_e_labels(src_label: Tensor, src_group: Tensor, concept_label: str = "target") -> Tensor:
+    """The labels of Eq. 6 under ``--eki-concept-label``; -1 (unlabelled: ``<sep>``, ``</s>``,
+    padding) stays -1."""
+    if concept_label == "target":
+        return src_label
+    if concept_label != "always":
+        raise ValueError(f"--eki-concept-label must be 'target' or 'always', got {concept_label!r}")
+    return src_label.masked_fill(src_group.eq(CONCEPT_GROUP) & src_label.ge(0), 1.0)
 
 
 def token_classification_loss(lambda_mean, labels):
-    """Summed BCE of Mean(Lambda) against labels (-1 = padding, ignored); and #correct, #tokens."""
+    """Summed BCE of Mean(Lambda) against labels (-1 = left out); and #correct, #tokens."""
     mask = labels.ge(0)
     p = lambda_mean.float().clamp(1e-6, 1 - 1e-6)
     loss = F.binary_cross_entropy(p[mask], labels[mask].float(), reduction="sum")
@@ -41,10 +74,20 @@ def token_classification_loss(lambda_mean, labels):
 @register_criterion("eki_label_smoothed_cross_entropy", dataclass=EKICriterionConfig)
 class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
-        self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False, eki_lambda=1.0
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        eki_lambda=1.0,
+        eki_concept_label="target",
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.eki_lambda = eki_lambda
+        self.eki_concept_label = str(eki_concept_label)
+        if self.eki_concept_label not in CONCEPT_LABEL_CHOICES:
+            raise ValueError(f"--eki-concept-label must be 'target' or 'always', got {self.eki_concept_label!r}")
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -59,7 +102,8 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         }
         lam = net_output[1].get("eki_lambda_mean") if isinstance(net_output[1], dict) else None
         if lam is not None and "src_label" in sample:
-            loss_e, correct, n = token_classification_loss(lam, sample["src_label"])
+            labels = l_e_labels(sample["src_label"], sample["net_input"]["src_group"], self.eki_concept_label)
+            loss_e, correct, n = token_classification_loss(lam, labels)
             loss = loss + self.eki_lambda * loss_e
             logging_output.update(loss=loss.data, loss_e=loss_e.data, correct_e=correct.data, n_e=n.data)
         if self.report_accuracy:

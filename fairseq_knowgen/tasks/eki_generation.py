@@ -1,33 +1,163 @@
 """``eki_generation``: translation whose sources are ``concepts <sep> prototype``.
 
 fairseq's ``translation`` task plus the source annotations of
-:class:`~fairseq_knowgen.data.eki_dataset.EKIDataset` (group ids, position-indicator
+:class:`~fairseq_knowgen.data.eki_dataset.SourceAnnotator` (group ids, position-indicator
 distances, L_E labels), which reach the model as ``src_group`` / ``src_distance`` in
 ``net_input`` and the criterion as ``src_label``. Binarize with ``fairseq-preprocess`` as
 for translation; keep ``<sep>`` out of BPE (``subword-nmt apply-bpe --glossaries '<sep>'``).
+
+Model hyper-parameters are the model's alone: the task has no copy of ``--eki-max-distance``
+(distances leave the data unclipped and the model clamps them at the bound its checkpoint
+saved). Checkpoints of older versions, whose task config still holds ``eki_max_distance``,
+load as before (fairseq drops task keys it does not know when it sets a task up from a
+checkpoint).
+
+``fairseq-interactive`` (raw text)::
+
+    fairseq-interactive DATA --user-dir fairseq_knowgen --task eki_generation --path ckpt.pt \\
+        --bpe subword_nmt --bpe-codes codes [--eki-prototype-corpus train.tgt \\
+        --eki-prototype-corpus-keys train.src] < lines
+
+Each input line is ``concepts <sep> prototype``, or, with ``--eki-prototype-corpus``, may be
+the concepts alone: the task then retrieves the prototype itself with
+:class:`~fairseq_knowgen.prep.retrieval.PrototypeRetriever` (as
+``scripts/retrieve_prototypes.py`` made the training sources). Both happen in
+``get_interactive_tokens_and_lengths``, the one hook that sees the raw line *before*
+fairseq-interactive's ``--tokenizer``/``--bpe`` (``build_dataset_for_inference`` only sees
+token ids): retrieval works on words, and the two sides of ``<sep>`` are encoded separately
+so that BPE never splits the separator. fairseq-interactive then keeps only ``src_tokens``
+and ``src_lengths`` of each batch; :meth:`EKIGenerationTask.inference_step` recomputes
+``src_group`` and ``src_distance`` from the tokens with the same annotator as the training
+data.
 """
 
+import sys
 from dataclasses import dataclass, field
+from typing import List, Optional
 
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..data.eki_dataset import EKIDataset
+from ..data.eki_dataset import SEPARATOR, EKIDataset, SourceAnnotator
+from ..textio import DataError, read_lines, read_parallel
 
 
 @dataclass
 class EKIGenerationConfig(TranslationConfig):
-    eki_max_distance: int = field(default=64, metadata={"help": "clip position-indicator distances here"})
+    eki_prototype_corpus: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "fairseq-interactive: retrieve the prototype of an input line that holds only concepts (no "
+            "'<sep>') from this corpus, one sentence a line, as scripts/retrieve_prototypes.py --corpus does"
+        },
+    )
+    eki_prototype_corpus_keys: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "concept set of each --eki-prototype-corpus line (in-domain corpora): a sentence written for "
+            "the query's own concept set is never its prototype (scripts/retrieve_prototypes.py --corpus-keys)"
+        },
+    )
 
 
 @register_task("eki_generation", dataclass=EKIGenerationConfig)
 class EKIGenerationTask(TranslationTask):
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self._annotator = None
+        self._retriever = None
+        self._corpus: List[str] = []
+        self._input_lines_seen = 0
+
+    @property
+    def annotator(self) -> SourceAnnotator:
+        if self._annotator is None:
+            self._annotator = SourceAnnotator(self.src_dict, path=str(self.cfg.data))
+        return self._annotator
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch, combine, **kwargs)
-        self.datasets[split] = EKIDataset(
-            self.datasets[split], self.src_dict, self.cfg.eki_max_distance, path=f"{self.cfg.data}:{split}"
-        )
+        self.datasets[split] = EKIDataset(self.datasets[split], self.src_dict, path=f"{self.cfg.data}:{split}")
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        return EKIDataset(base, self.src_dict, self.cfg.eki_max_distance, path="<inference>")
+        return EKIDataset(base, self.src_dict, path="<inference>")
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """Adds ``src_group`` / ``src_distance`` to a batch that lacks them
+        (fairseq-interactive passes only ``src_tokens`` and ``src_lengths``)."""
+        net = sample["net_input"]
+        if "src_group" not in net or "src_distance" not in net:
+            group, distance = self.annotator.annotate_batch(net["src_tokens"])
+            sample = {**sample, "net_input": {**net, "src_group": group, "src_distance": distance}}
+        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        """fairseq-interactive's raw lines -> token ids: retrieve missing prototypes, then
+        tokenize/BPE each side of ``<sep>`` on its own. Bad input ends the run with
+        ``error: input:LINE: ...`` and exit status 2."""
+        try:
+            lines = self.complete_input_lines(lines)
+        except DataError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        tokens = [
+            self.source_dictionary.encode_line(encode_source(line, encode_fn), add_if_not_exist=False).long()
+            for line in lines
+        ]
+        return tokens, [t.numel() for t in tokens]
+
+    def complete_input_lines(self, lines: List[str]) -> List[str]:
+        """``concepts <sep> prototype`` lines: lines without ``<sep>`` are concept sets whose
+        prototype comes from ``--eki-prototype-corpus``."""
+        first = self._input_lines_seen + 1
+        self._input_lines_seen += len(lines)
+        queries = {}
+        for n, line in enumerate(lines):
+            if SEPARATOR in line.split():
+                continue
+            if not line.split():
+                raise DataError("input", first + n, "empty line: expected concepts (and '<sep> prototype')")
+            if self.cfg.eki_prototype_corpus is None:
+                raise DataError(
+                    "input",
+                    first + n,
+                    f"no '{SEPARATOR}': give 'concepts {SEPARATOR} prototype', or --eki-prototype-corpus FILE to "
+                    "retrieve the prototype of a line of concepts",
+                )
+            queries[n] = " ".join(line.split())
+        if not queries:
+            return list(lines)
+        found = self.prototype_retriever().retrieve(list(queries.values()))
+        out = list(lines)
+        for (n, query), (index, _coverage) in zip(queries.items(), found):
+            out[n] = f"{query} {SEPARATOR} {self._corpus[index] if index >= 0 else ''}".rstrip()
+        return out
+
+    def prototype_retriever(self):
+        """The retriever over ``--eki-prototype-corpus``, built on first use, with the corpus
+        (and keys) ``scripts/retrieve_prototypes.py`` builds from the same files."""
+        if self._retriever is None:
+            from ..prep.retrieval import PrototypeRetriever, in_domain_corpus
+
+            path, keys_path = self.cfg.eki_prototype_corpus, self.cfg.eki_prototype_corpus_keys
+            keys = None
+            if keys_path:
+                corpus, keys = in_domain_corpus(*read_parallel(path, keys_path, what="prototype corpus"))
+            else:
+                corpus = read_lines(path, "prototype corpus")
+            self._corpus = corpus
+            self._retriever = PrototypeRetriever(corpus, keys)
+        return self._retriever
+
+
+def encode_source(line: str, encode_fn) -> str:
+    """``encode_fn`` (fairseq-interactive's tokenizer + BPE) on each side of ``<sep>``, which
+    stays one token."""
+    parts: List[List[str]] = [[]]
+    for word in line.split():
+        if word == SEPARATOR:
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return f" {SEPARATOR} ".join(encode_fn(" ".join(part)) for part in parts)

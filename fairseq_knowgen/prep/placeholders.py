@@ -21,13 +21,32 @@ in the vocabulary and the head copies pieces.
     python -m fairseq_knowgen.prep.placeholders encode --train-prefix RAW/train \\
         --splits RAW/train RAW/valid --out-dir OUT [--min-count 2 --max-positions 100]
     python -m fairseq_knowgen.prep.placeholders restore --gen gen.out --src RAW/valid.src --out gen.restored
+
+Raw text with ``fairseq-interactive`` is the same three steps as a pipe, as in fairseq's
+``examples/pointer_generator``: ``encode-source`` replaces the out-of-vocabulary words of each
+raw source line by placeholders, with the vocabulary and the number of placeholders K read
+from the model's dictionary (``DATA/dict.src.txt`` of the binarized data, or ``dict.txt`` of
+``encode``); ``restore`` then reads fairseq-interactive's output, whose ids are the input line
+numbers as in fairseq-generate's, and puts back source word N of line ``id`` for ``<unk-N>``::
+
+    python -m fairseq_knowgen.prep.placeholders encode-source --dict DATA/dict.src.txt < raw.src \\
+      | fairseq-interactive DATA --user-dir fairseq_knowgen --path checkpoint_best.pt --beam 5 \\
+          --buffer-size 64 --batch-size 16 \\
+      | python -m fairseq_knowgen.prep.placeholders restore --src raw.src > out.txt
+
+``-`` (the default of ``--input``, ``--gen`` and ``--out``) is standard input or output, read
+and written line by line. The restore step needs the raw source lines as a file because
+fairseq-interactive prints the *encoded* source (``S-`` lines show ``<unk-N>``, not the word).
+Only ``H-`` and ``D-`` lines change; log, ``S-`` and ``P-`` lines pass through.
 """
 
 import argparse
+import contextlib
 import os
 import re
+import sys
 from collections import Counter
-from typing import Dict, List
+from typing import Dict, Iterator, List, Set, Tuple
 
 from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
 
@@ -89,6 +108,62 @@ def restore(hyp: str, src_words: List[str]) -> str:
     return " ".join(out)
 
 
+def encode_source(src: List[str], vocab, max_positions: int) -> List[str]:
+    """A source line alone (decoding raw text) encoded exactly as :func:`encode_pair` does."""
+    return encode_pair(src, [], vocab, max_positions)[0]
+
+
+def read_dict(path: str) -> Tuple[Set[str], int]:
+    """The fixed vocabulary and the number K of placeholders of a dictionary written by
+    ``encode`` (or the ``dict.src.txt`` fairseq-preprocess copied from it)."""
+    vocab, positions = set(), {}
+    for n, line in enumerate(read_lines(path, "dictionary"), start=1):
+        fields = line.split()
+        if len(fields) < 2:
+            raise DataError(path, n, f"expected 'WORD COUNT', got {line!r}")
+        m = _PLACEHOLDER.match(fields[0])
+        if m:
+            positions[int(m.group(1))] = n
+        else:
+            vocab.add(fields[0])
+    k = len(positions)
+    if k == 0:
+        raise DataError(path, 0, "no <unk-N> placeholders: not a dictionary written by `placeholders encode`")
+    missing = [i for i in range(k) if i not in positions]
+    if missing:
+        raise DataError(
+            path, 0, f"placeholders must be <unk-0>..<unk-{k - 1}>, but {placeholder(missing[0])} is missing"
+        )
+    return vocab, k
+
+
+def _lines(path: str, what: str) -> Iterator[str]:
+    """Lines of a file, or of standard input (``-``) one at a time as they arrive."""
+    if path != "-":
+        yield from read_lines(path, what)
+        return
+    for n, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise DataError("<stdin>", n, f"not valid UTF-8 ({e.reason})") from None
+
+
+@contextlib.contextmanager
+def _output(path: str):
+    """A file written atomically, or standard output (``-``) flushed line by line."""
+    if path != "-":
+        with atomic_write(path) as f:
+            yield f.write
+        return
+
+    def write(text):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    yield write
+
+
 def write_dict(path: str, vocab: Counter, max_positions: int):
     with atomic_write(path) as f:
         for w, c in vocab.most_common():
@@ -113,17 +188,27 @@ def cmd_encode(a):
         print(f"{name}: {len(enc)} lines, {n_ph} target placeholders")
 
 
+def cmd_encode_source(a):
+    vocab, k = read_dict(a.dict)
+    with _output(a.out) as write:
+        for line in _lines(a.input, "raw source"):
+            write(" ".join(encode_source(line.split(), vocab, k)) + "\n")
+
+
 def cmd_restore(a):
     src = read_lines(a.src, "source")
-    with atomic_write(a.out) as out:
-        for n, line in enumerate(read_lines(a.gen, "fairseq-generate output"), start=1):
+    gen = "<stdin>" if a.gen == "-" else a.gen
+    with _output(a.out) as write:
+        for n, line in enumerate(_lines(a.gen, "fairseq-generate output"), start=1):
             parts = line.split("\t")
             if parts[0][:2] in ("H-", "D-") and len(parts) == 3:
+                if not parts[0][2:].isdecimal():
+                    raise DataError(gen, n, f"expected a hypothesis id after {parts[0][:2]!r}, got {parts[0]!r}")
                 i = int(parts[0][2:])
                 if i >= len(src):
-                    raise DataError(a.gen, n, f"hypothesis id {i} but {a.src} has {len(src)} lines")
+                    raise DataError(gen, n, f"hypothesis id {i} but {a.src} has {len(src)} lines")
                 parts[2] = restore(parts[2], src[i].split())
-            out.write("\t".join(parts) + "\n")
+            write("\t".join(parts) + "\n")
 
 
 def main(argv=None):
@@ -142,12 +227,21 @@ def main(argv=None):
     e.add_argument("--min-source-df", type=int, default=5, help="keep words of at least this many distinct sources")
     e.add_argument("--max-size", type=int, default=0, help="keep at most this many words (0: no limit)")
     e.add_argument("--max-positions", type=int, default=100, help="number of placeholders <unk-0..K-1>")
-    r = sub.add_parser("restore", help="replace <unk-N> in fairseq-generate output by source words")
-    r.add_argument("--gen", required=True)
-    r.add_argument("--src", required=True, help="the original (not encoded) source lines of that split")
-    r.add_argument("--out", required=True)
+    es = sub.add_parser(
+        "encode-source",
+        help="encode raw source lines for fairseq-interactive (vocabulary and K from a dictionary of `encode`)",
+    )
+    es.add_argument("--dict", required=True, help="DATA/dict.src.txt of the model's data (or dict.txt of `encode`)")
+    es.add_argument("--input", default="-", help="raw source lines (default -: standard input)")
+    es.add_argument("--out", default="-", help="encoded lines (default -: standard output)")
+    r = sub.add_parser(
+        "restore", help="replace <unk-N> in fairseq-generate or fairseq-interactive output by source words"
+    )
+    r.add_argument("--gen", default="-", help="fairseq-generate/-interactive output (default -: standard input)")
+    r.add_argument("--src", required=True, help="the original (not encoded) source lines, line i for id i")
+    r.add_argument("--out", default="-", help="restored output (default -: standard output)")
     a = p.parse_args(argv)
-    (cmd_encode if a.cmd == "encode" else cmd_restore)(a)
+    {"encode": cmd_encode, "encode-source": cmd_encode_source, "restore": cmd_restore}[a.cmd](a)
 
 
 if __name__ == "__main__":

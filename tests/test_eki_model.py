@@ -157,7 +157,7 @@ def test_eki_defaults_never_replace_a_given_value(name, value, flag):
     assert args.eki_scaling_dim == 128 and args.eki_max_distance == 64 and args.eki_position_layers == "all"
 
 
-@pytest.mark.parametrize("spec", ["2", "x"])
+@pytest.mark.parametrize("spec", ["2", "x", ""])  # old: names --dimattn-layers; "" became "all"
 def test_bad_position_layers_names_its_flag(eki_bin, spec):
     with pytest.raises(ValueError, match="--eki-position-layers"):
         build_model(eki_bin, "eki_transformer", *TINY_MODEL, "--eki-position-layers", spec)

@@ -229,6 +229,11 @@ class EKIDecoder(TransformerDecoderBase):
             self.position_layers = parse_layers(
                 args.eki_position_layers, len(self.layers), flag="--eki-position-layers"
             )
+            if not self.position_layers:
+                raise ValueError(
+                    f"--eki-position-layers: no layer given ({args.eki_position_layers!r}); "
+                    "switch the position indicator off with --eki-position-indicator 0"
+                )
             build = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
             replace_cross_attention(self, self.position_layers, build)
 

@@ -37,13 +37,13 @@ def test_max_shared_concepts_drops_near_duplicates_keeps_neighbours():
     r = PrototypeRetriever(corpus, keys)
     assert corpus[r.retrieve([query])[0][0]] == tgt[0]  # without a limit: the near-duplicate
     assert r.stats["excluded_overlap"] == 0
-    (d, cov), = r.retrieve([query], max_shared=2)
+    ((d, cov),) = r.retrieve([query], max_shared=2)
     assert corpus[d] == tgt[1] and cov == 0.5
     assert r.stats["excluded_overlap"] == 1
-    (d, cov), = r.retrieve([query], max_shared=1)
+    ((d, cov),) = r.retrieve([query], max_shared=1)
     assert corpus[d] == tgt[3] and cov == 0.25
     assert r.stats["excluded_overlap"] == 2
-    (d, cov), = r.retrieve([query], max_shared=0)
+    ((d, cov),) = r.retrieve([query], max_shared=0)
     assert corpus[d] == tgt[2] and cov == 0.0  # the only sentence sharing nothing
 
 
@@ -54,7 +54,7 @@ def test_retrieval_asks_bm25_for_more_hits_when_exclusions_empty_the_candidates(
     tgt = [f"the dog catches the frisbee number {i} ." for i in range(12)] + ["the dog swims in the lake ."]
     corpus, keys = in_domain_corpus(tgt, src)
     r = PrototypeRetriever(corpus, keys)
-    (d, _), = r.retrieve(["dog frisbee catch"], candidates=2, max_shared=1)
+    ((d, _),) = r.retrieve(["dog frisbee catch"], candidates=2, max_shared=1)
     assert corpus[d] == tgt[-1]
     assert r.stats["no_prototype"] == 0
 

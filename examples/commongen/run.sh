@@ -6,9 +6,11 @@
 #       OUT_DIR:    everything this recipe writes (default work/commongen)
 #       CORPUS_OOD: plain text for out-of-domain prototypes (default ../shared/data/wikitext-2/valid.txt)
 #   Stages (STAGE=1 STOP_STAGE=7 select them):
-#       1 prepare (raw/)   2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src)   3 BPE (bpe/)
+#       1 prepare (raw/; dev is 'valid', and 'test' when DATA_DIR has commongen.test.src_alpha.txt)
+#       2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src)   3 BPE (bpe/)
 #       4 binarize: bin/ (concepts only), bin-eki/ (concepts <sep> in-domain prototype), bin-eki-ood/
-#       5 train   6 fairseq-generate (beam) on dev   7 evaluate (BLEU-4, ROUGE-L, CIDEr-D, coverage, repeats)
+#       5 train   6 fairseq-generate (beam) on every evaluation split (raw/eval_splits: valid [test])
+#       7 evaluate (BLEU-4, ROUGE-L, CIDEr-D, coverage, repeats; a test split without references is not scored)
 #   Environment (all optional):
 #       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system (run folder $OUT/runs/$NAME)
 #       INPUT=concepts|eki|eki-ood   which binarized input to train on (eki*: use TASK_ARGS="--task eki_generation")
@@ -16,6 +18,8 @@
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM); scale up on GPUs
 #       MINUTES=30 MAX_UPDATE=0    training budget (--stop-time-hours / --max-update)
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
+#       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
+#                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:
 #       bash examples/commongen/run.sh                                   # transformer on concepts
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh
@@ -31,7 +35,7 @@ STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
-TRAIN_ARGS=${TRAIN_ARGS:-}
+TRAIN_ARGS=${TRAIN_ARGS:-}; MAX_SHARED=${MAX_SHARED:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -46,11 +50,16 @@ if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw"
   $PY -m fairseq_knowgen.prep.commongen --data "$DATA" --out "$OUT/raw"
 fi
+[ "$STOP_STAGE" -lt 2 ] || require_stage1
 if stage 2; then
   echo "== stage 2: retrieve prototypes: in-domain (training references) and out-of-domain ($CORPUS_OOD)"
-  for split in train valid; do
+  for split in train $(eval_splits); do
+    # training queries: MAX_SHARED (test-like); evaluation queries: how close they come to training sets
+    opts=(--overlap-report)
+    [ "$split" != train ] || opts=(${MAX_SHARED:+--max-shared-concepts "$MAX_SHARED"})
     $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto" \
-      --corpus "$OUT/raw/train.tgt" --corpus-keys "$OUT/raw/train.src" | tee "$OUT/raw/$split.proto.json"
+      --corpus "$OUT/raw/train.tgt" --corpus-keys "$OUT/raw/train.src" "${opts[@]}" \
+      | tee "$OUT/raw/$split.proto.json"
     $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
       --corpus "$CORPUS_OOD" --plain-text | tee "$OUT/raw/$split.proto-ood.json"
     paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki.src"
@@ -59,13 +68,21 @@ if stage 2; then
 fi
 if stage 3; then
   echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-  stage_bpe {train,valid}.{src,tgt,eki.src,eki-ood.src}
+  # shellcheck disable=SC2046
+  stage_bpe $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
 fi
 if stage 4; then
-  echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood"
+  extra=$(extra_splits | xargs)
+  echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood (splits: train valid $extra)"
   stage_binarize "$OUT/bin" src
   stage_binarize "$OUT/bin-eki" eki.src
   stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
+  # shellcheck disable=SC2086
+  stage_binarize_extra "$OUT/bin" src $extra
+  # shellcheck disable=SC2086
+  stage_binarize_extra "$OUT/bin-eki" eki.src $extra
+  # shellcheck disable=SC2086
+  stage_binarize_extra "$OUT/bin-eki-ood" eki-ood.src $extra
   for d in bin-eki bin-eki-ood; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
     for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
   done
@@ -75,12 +92,20 @@ if stage 5; then
   stage_train
 fi
 if stage 6; then
-  echo "== stage 6: fairseq-generate --beam $BEAM on dev -> $RUN/valid.out"
-  stage_generate valid "$RUN/valid.out"
+  for split in $(eval_splits); do
+    echo "== stage 6: fairseq-generate --beam $BEAM on $split -> $RUN/$split.out"
+    stage_generate "$split" "$RUN/$split.out"
+  done
 fi
 if stage 7; then
-  echo "== stage 7: evaluate -> $RUN/valid.scores.json"
-  $PY scripts/evaluate.py --hyp "$RUN/valid.out" --name "$NAME" --refs "$OUT/raw/valid.refs.jsonl" \
-    --src "$OUT/raw/valid.src" --concepts "$OUT/raw/valid.concepts" --detok moses \
-    --json-out "$RUN/valid.scores.json"
+  for split in $(eval_splits); do
+    if [ ! -f "$OUT/raw/$split.refs.jsonl" ]; then
+      echo "== stage 7: $split has no references: outputs in $RUN/$split.out, not scored"
+      continue
+    fi
+    echo "== stage 7: evaluate $split -> $RUN/$split.scores.json"
+    $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
+      --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.concepts" --detok moses \
+      --json-out "$RUN/$split.scores.json"
+  done
 fi

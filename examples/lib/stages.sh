@@ -9,6 +9,15 @@ CRITERION=${CRITERION:-label_smoothed_cross_entropy}
 CRITERION_ARGS=${CRITERION_ARGS:---label-smoothing 0.1}
 TASK_ARGS=${TASK_ARGS:-}
 
+# eval_splits: the evaluation splits stage 1 wrote to raw/eval_splits (valid, then e.g. heldout, test...);
+# extra_splits: those other than valid (binarized apart with stage_binarize_extra)
+eval_splits() { cat "$OUT/raw/eval_splits"; }
+extra_splits() { grep -vx valid "$OUT/raw/eval_splits" || true; }
+# require_stage1: stop (exit 2) when a later stage runs before stage 1 wrote raw/eval_splits
+require_stage1() {
+  [ -f "$OUT/raw/eval_splits" ] || { echo "$OUT/raw/eval_splits is missing: run stage 1 first (STAGE=1)"; exit 2; }
+}
+
 # stage_bpe FILE...: learn joint BPE on raw/train.{src,tgt}, apply to every raw/FILE (into bpe/FILE);
 # '<sep>' (EKI's concept/prototype separator) is never split
 stage_bpe() {
@@ -29,20 +38,41 @@ stage_binarize() {
     > "$dest.log" 2>&1 || { echo "fairseq-preprocess failed: see $dest.log"; return 1; }
 }
 
-# stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0)
+# stage_binarize_extra DEST SRCLANG SPLIT...: binarize bpe/SPLIT.{SRCLANG,tgt} with DEST's dictionaries into
+# DEST/SPLIT.* (fairseq tasks load any split name: --gen-subset SPLIT)
+stage_binarize_extra() {
+  local dest=$1 src=$2 split tmp f; shift 2
+  for split in "$@"; do
+    tmp="$dest.tmp-$split"
+    rm -rf "$tmp"
+    $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --srcdict "$dest/dict.$src.txt" \
+      --tgtdict "$dest/dict.tgt.txt" --testpref "$OUT/bpe/$split" --destdir "$tmp" --workers 2 \
+      > "$dest.$split.log" 2>&1 || { echo "fairseq-preprocess failed: see $dest.$split.log"; return 1; }
+    for f in "$tmp"/test.*; do mv "$f" "$dest/$split.${f#"$tmp"/test.}"; done
+    rm -rf "$tmp"
+  done
+}
+
+# stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0);
+# fails (with the log's last lines) when fairseq-train fails
 stage_train() {
   mkdir -p "$RUN"
+  # a crash must not pass for success when an older checkpoint_best.pt is in the run folder
   # shellcheck disable=SC2086
-  $BIN/fairseq-train "$DATA_BIN" --user-dir fairseq_knowgen --seed 1 $TASK_ARGS \
+  if ! $BIN/fairseq-train "$DATA_BIN" --user-dir fairseq_knowgen --seed 1 $TASK_ARGS \
     --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
     --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
     --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
     --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout 0.2 \
     --criterion "$CRITERION" $CRITERION_ARGS \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --stop-time-hours "$($PY -c "print($MINUTES / 60)")" \
+    --max-tokens 4096 --required-batch-size-multiple 1 --max-update "$MAX_UPDATE" --stop-time-hours "$($PY -c "print($MINUTES / 60)")" \
     --save-dir "$RUN/checkpoints" --no-epoch-checkpoints --no-progress-bar --log-interval 100 \
-    $TRAIN_ARGS $DEVICE_ARGS 2>&1 | tee "$RUN/train.log" | grep -E "\| (train|valid) \|" || true
+    $TRAIN_ARGS $DEVICE_ARGS 2>&1 | tee "$RUN/train.log" | { grep -E "\| (train|valid) \|" || true; }; then
+    echo "fairseq-train failed; the last lines of $RUN/train.log:"
+    tail -n 20 "$RUN/train.log"
+    return 1
+  fi
   [ -f "$RUN/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $RUN/train.log"; return 1; }
 }
 

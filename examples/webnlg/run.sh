@@ -5,9 +5,11 @@
 #       DATA_DIR: the WebNLG folder with train/ and dev/ (default ../shared/data/webnlg)
 #       OUT_DIR:  everything this recipe writes (default work/webnlg)
 #   Splits: train (minus held-out categories), valid (= dev, seen categories),
-#           test (= heldout: training entries of HELDOUT categories, unseen by the model).
+#           heldout (training entries of HELDOUT categories, unseen by the model; HELDOUT="" for none),
+#           test_seen / test_unseen (when DATA_DIR has test/: the test set's entries of categories the model
+#           trained on / of the others). $OUT/raw/eval_splits lists the splits stages 5-6 decode and score.
 #   Environment (all optional):
-#       STAGE=1 STOP_STAGE=6       1 prepare, 2 bpe, 3 binarize, 4 train, 5 generate (valid + heldout), 6 evaluate
+#       STAGE=1 STOP_STAGE=6       1 prepare, 2 bpe, 3 binarize, 4 train, 5 generate (every eval split), 6 evaluate
 #       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system (run folder $OUT/runs/$NAME)
 #       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM)
@@ -29,7 +31,7 @@ STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
-HELDOUT=${HELDOUT:-Astronaut,Monument,University}
+HELDOUT=${HELDOUT-Astronaut,Monument,University}  # set but empty: no held-out categories
 TRAIN_ARGS=${TRAIN_ARGS:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
@@ -44,39 +46,44 @@ if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw (held-out categories: $HELDOUT)"
   $PY -m fairseq_knowgen.prep.webnlg --data "$DATA" --out "$OUT/raw" --heldout-categories "$HELDOUT"
 fi
+[ "$STOP_STAGE" -lt 2 ] || require_stage1
 if stage 2; then
+  # shellcheck disable=SC2046
   if [ "$BPE_OPS" -gt 0 ]; then
     echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-    stage_bpe {train,valid,heldout}.{src,tgt}
+    stage_bpe train.src train.tgt $(for s in $(eval_splits); do echo "$s.src $s.tgt"; done)
   else
     echo "== stage 2: word level, vocabulary = train words seen >= $MIN_COUNT times, others <unk-N> -> $OUT/bpe"
     $PY -m fairseq_knowgen.prep.placeholders encode --train-prefix "$OUT/raw/train" --out-dir "$OUT/bpe" \
-      --splits "$OUT/raw/train" "$OUT/raw/valid" "$OUT/raw/heldout" --min-count "$MIN_COUNT" --max-positions 200
+      --splits "$OUT/raw/train" $(for s in $(eval_splits); do echo "$OUT/raw/$s"; done) \
+      --min-count "$MIN_COUNT" --max-positions 200
   fi
 fi
 if stage 3; then
-  echo "== stage 3: fairseq-preprocess -> $OUT/bin (test = heldout)"
+  echo "== stage 3: fairseq-preprocess -> $OUT/bin (splits: train valid $(extra_splits | xargs))"
   if [ "$BPE_OPS" -gt 0 ]; then
-    stage_binarize "$DATA_BIN" src --testpref "$OUT/bpe/heldout"
+    stage_binarize "$DATA_BIN" src
   else
-    stage_binarize "$DATA_BIN" src --testpref "$OUT/bpe/heldout" --srcdict "$OUT/bpe/dict.txt"
+    stage_binarize "$DATA_BIN" src --srcdict "$OUT/bpe/dict.txt"
   fi
+  # shellcheck disable=SC2046
+  stage_binarize_extra "$DATA_BIN" src $(extra_splits)
 fi
 if stage 4; then
   echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
   stage_train
 fi
 if stage 5; then
-  echo "== stage 5: fairseq-generate --beam $BEAM on valid and heldout -> $RUN/{valid,heldout}.out"
-  stage_generate valid "$RUN/valid.gen"
-  stage_generate test "$RUN/heldout.gen"
-  for split in valid heldout; do  # <unk-N> -> source word N (a no-op with BPE)
+  for split in $(eval_splits); do
+    echo "== stage 5: fairseq-generate --beam $BEAM on $split -> $RUN/$split.out"
+    stage_generate "$split" "$RUN/$split.gen"
+    # <unk-N> -> source word N (a no-op with BPE)
     $PY -m fairseq_knowgen.prep.placeholders restore --gen "$RUN/$split.gen" --src "$OUT/raw/$split.src" \
       --out "$RUN/$split.out"
   done
 fi
 if stage 6; then
-  for split in valid heldout; do
+  for split in $(eval_splits); do
     echo "== stage 6: evaluate $split -> $RUN/$split.scores.json"
     $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
       --src "$OUT/raw/$split.src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \

@@ -166,7 +166,9 @@ class PrototypeRetriever:
         pending, k = unique, min(candidates, n)
         while pending:
             docs, scores = self.index.retrieve(
-                bm25s.tokenize(pending, stopwords="en", show_progress=False), k=k, show_progress=False,
+                bm25s.tokenize(pending, stopwords="en", show_progress=False),
+                k=k,
+                show_progress=False,
                 n_threads=n_threads,
             )
             retry = []

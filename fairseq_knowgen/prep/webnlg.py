@@ -15,7 +15,12 @@ Splits written to ``--out`` (Moses-tokenized, case kept):
 - ``valid``: the dev set (all categories are seen in training), one line per entry;
 - ``heldout``: the training entries of ``--heldout-categories`` (default Astronaut,
   Monument, University: 17% of train), one line per entry. Trained without them, a model
-  meets their entity names for the first time: this is where copying shows.
+  meets their entity names for the first time: this is where copying shows. ``''``: none;
+- ``test_seen``, ``test_unseen``: when the data folder has a ``test/`` folder (the WebNLG
+  test set, whose 5 categories absent from training are unseen), its entries of categories
+  the model trained on and of the others, one line per entry.
+
+``eval_splits`` lists the evaluation splits written (``valid`` and those above that exist).
 
 Evaluation inputs per split (one line per entry): ``.refs.jsonl`` (all texts, untokenized),
 ``.entities`` (subjects and objects, ``|``-separated), ``.category``.
@@ -57,9 +62,12 @@ def parse_triple(text: str, path: str) -> List[str]:
 
 def read_entries(split_dir: str) -> List[Dict]:
     """All entries of one split, in file order: category, triples, texts."""
-    files = sorted(glob.glob(os.path.join(split_dir, "*triples", "*.xml")))
+    # train/dev: one file per category under Ntriples/; the test set may also be one file in the folder
+    files = sorted(
+        glob.glob(os.path.join(split_dir, "*triples", "*.xml")) + glob.glob(os.path.join(split_dir, "*.xml"))
+    )
     if not files:
-        raise DataError(split_dir, 0, "no */*triples/*.xml files found (is this a WebNLG split folder?)")
+        raise DataError(split_dir, 0, "no */*triples/*.xml or *.xml files found (is this a WebNLG split folder?)")
     entries, skipped = [], 0
     for path in files:
         try:
@@ -113,17 +121,40 @@ def write_split(out: str, name: str, entries: List[Dict], one_line_per_text: boo
     print(f"{name}: {len(entries)} entries, {len(src)} lines")
 
 
-def prepare(data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT):
+def prepare(data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT) -> List[str]:
+    """Write the splits; returns the evaluation splits written (also in ``OUT/eval_splits``)."""
     ensure_dir(out)
     train = read_entries(os.path.join(data, "train"))
     dev = read_entries(os.path.join(data, "dev"))
     known = {e["category"] for e in train}
     unknown = set(heldout) - known
     if unknown:
-        raise SystemExit(f"--heldout-categories {sorted(unknown)} not among the train categories {sorted(known)}")
+        raise DataError(
+            os.path.join(data, "train"),
+            0,
+            f"--heldout-categories {sorted(unknown)} not among the train categories {sorted(known)}",
+        )
     write_split(out, "train", [e for e in train if e["category"] not in heldout], one_line_per_text=True)
     write_split(out, "valid", dev, one_line_per_text=False)
-    write_split(out, "heldout", [e for e in train if e["category"] in heldout], one_line_per_text=False)
+    splits = ["valid"]
+    if heldout:
+        write_split(out, "heldout", [e for e in train if e["category"] in heldout], one_line_per_text=False)
+        splits.append("heldout")
+    test_dir = os.path.join(data, "test")
+    if os.path.isdir(test_dir):
+        # seen / unseen by the model: a held-out category is unseen too
+        seen = known - set(heldout)
+        test = read_entries(test_dir)
+        for name, part in (
+            ("test_seen", [e for e in test if e["category"] in seen]),
+            ("test_unseen", [e for e in test if e["category"] not in seen]),
+        ):
+            if part:
+                write_split(out, name, part, one_line_per_text=False)
+                splits.append(name)
+    write_lines(f"{out}/eval_splits", splits)
+    print("evaluation splits: " + " ".join(splits))
+    return splits
 
 
 def main(argv=None):

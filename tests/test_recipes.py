@@ -1,0 +1,197 @@
+"""The staged recipes as a user runs them, on tiny raw data in the original formats: an
+optional test split is decoded and scored with dev (WebNLG: seen and unseen categories
+apart), no held-out categories can be asked for, and a crashed training fails the stage."""
+
+import json
+import os
+import random
+import subprocess
+from xml.sax.saxutils import escape
+
+import pytest
+from conftest import ROOT
+
+RECIPE_ENV = dict(
+    OMP_NUM_THREADS="1",
+    LAYERS="1",
+    DIM="16",
+    HEADS="2",
+    MAX_UPDATE="3",
+    MINUTES="5",
+    BEAM="2",
+    TRAIN_ARGS="--max-tokens 2000 --warmup-updates 1",
+)
+
+
+def run_recipe(script, *args, **env):
+    proc = subprocess.run(
+        ["bash", script, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, **RECIPE_ENV, **env),
+    )
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+# --- stage_train ------------------------------------------------------------------------------------------
+
+
+def test_crashed_training_fails_the_stage_even_with_an_old_checkpoint(tmp_path):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "fairseq-train").write_text("#!/bin/sh\necho 'RuntimeError: out of luck'\nexit 1\n")
+    (fake_bin / "fairseq-train").chmod(0o755)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint_best.pt").write_text("an old checkpoint")
+    script = f"""set -euo pipefail
+ROOT={ROOT}; OUT={tmp_path}; RUN={run}; NAME=x ARCH=transformer ARCH_ARGS= LAYERS=1 DIM=8 HEADS=1
+MINUTES=1 MAX_UPDATE=1 TRAIN_ARGS= DATA_BIN={tmp_path}
+. {ROOT}/examples/lib/stages.sh
+BIN={fake_bin}
+stage_train
+echo REACHED"""
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "REACHED" not in proc.stdout
+    assert "fairseq-train failed" in proc.stdout and "RuntimeError: out of luck" in proc.stdout
+
+
+# --- WebNLG -----------------------------------------------------------------------------------------------
+
+PEOPLE = "Ann Bo Cy Di Ed Flo Gus Hal Ivy Jo Kim Lu".split()
+CITIES = "Oslo Rome Lima Kyiv Pune Nice".split()
+
+
+def webnlg_xml(entries):
+    out = ["<benchmark>", "<entries>"]
+    for i, (cat, triples, texts) in enumerate(entries):
+        out.append(f'<entry category="{cat}" eid="Id{i}" size="{len(triples)}">')
+        out.append("<modifiedtripleset>")
+        out += [f"<mtriple>{escape(' | '.join(t))}</mtriple>" for t in triples]
+        out.append("</modifiedtripleset>")
+        out += [f'<lex comment="good" lid="Id{j}"><text>{escape(t)}</text></lex>' for j, t in enumerate(texts)]
+        out.append("</entry>")
+    return "\n".join(out + ["</entries>", "</benchmark>"]) + "\n"
+
+
+def webnlg_entries(rng, category, n):
+    out = []
+    for _ in range(n):
+        p, c = rng.choice(PEOPLE), rng.choice(CITIES)
+        out.append((category, [(p, "birthPlace", c)], [f"{p} was born in {c} .", f"{c} is where {p} was born ."]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def webnlg_data(tmp_path_factory):
+    rng = random.Random(0)
+    data = tmp_path_factory.mktemp("webnlg")
+    for split, cats, n in (("train", ("Artist", "City"), 30), ("dev", ("Artist",), 6), ("test", ("Artist", "Food"), 4)):
+        folder = data / split / "1triples"
+        folder.mkdir(parents=True)
+        for cat in cats:
+            (folder / f"{cat}.xml").write_text(webnlg_xml(webnlg_entries(rng, cat, n)))
+    return data
+
+
+def test_webnlg_recipe_scores_test_seen_and_unseen_without_heldout(webnlg_data, tmp_path):
+    out = tmp_path / "out"
+    run_recipe("examples/webnlg/run.sh", webnlg_data, out, HELDOUT="")
+    assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "test_seen", "test_unseen"]
+    assert not (out / "raw" / "heldout.src").exists()
+    cats = {s: set((out / "raw" / f"{s}.category").read_text().split()) for s in ("test_seen", "test_unseen")}
+    assert cats == {"test_seen": {"Artist"}, "test_unseen": {"Food"}}
+    for split in ("valid", "test_seen", "test_unseen"):
+        n_inputs = len((out / "raw" / f"{split}.src").read_text().splitlines())
+        scores = json.loads((out / "runs" / "transformer" / f"{split}.scores.json").read_text())
+        assert scores, split
+        assert len((out / "runs" / "transformer" / f"{split}.out").read_text().splitlines()) >= n_inputs
+
+
+def test_webnlg_without_heldout_or_test_split_binarizes_dev_only(webnlg_data, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):  # no test/
+        os.symlink(webnlg_data / split, data / split)
+    out = tmp_path / "out"
+    run_recipe("examples/webnlg/run.sh", data, out, HELDOUT="", STOP_STAGE="3")
+    assert (out / "raw" / "eval_splits").read_text().split() == ["valid"]
+    assert sorted(p.name.split(".")[0] for p in (out / "bin").glob("*.idx")) == ["train", "train", "valid", "valid"]
+
+
+def test_later_stage_before_stage_1_is_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        ["bash", "examples/webnlg/run.sh", tmp_path, tmp_path / "out"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **RECIPE_ENV, STAGE="2"),
+    )
+    assert proc.returncode == 2 and "run stage 1 first" in proc.stdout
+
+
+def test_webnlg_heldout_category_is_unseen_in_test(webnlg_data, tmp_path):
+    out = tmp_path / "out"
+    run_recipe("examples/webnlg/run.sh", webnlg_data, out, HELDOUT="City", STOP_STAGE="1")
+    assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "heldout", "test_seen", "test_unseen"]
+    assert set((out / "raw" / "heldout.category").read_text().split()) == {"City"}
+
+
+# --- CommonGen --------------------------------------------------------------------------------------------
+
+CONCEPTS = "dog frisbee catch ball throw kid park run field jump river boat swim sit tree".split()
+
+
+def commongen_split(rng, data, name, n_sets, with_refs=True):
+    src, tgt = [], []
+    for _ in range(n_sets):
+        a, b, c = rng.sample(CONCEPTS, 3)
+        for r in range(2):
+            src.append(f"{a} {b} {c}")
+            tgt.append(f"the {a} and the {b} {c} {'here' if r else 'there'} .")
+    (data / f"commongen.{name}.src_alpha.txt").write_text("\n".join(src) + "\n")
+    if with_refs:
+        (data / f"commongen.{name}.tgt.txt").write_text("\n".join(tgt) + "\n")
+
+
+def test_commongen_recipe_scores_a_test_split(tmp_path):
+    rng = random.Random(1)
+    data = tmp_path / "data"
+    data.mkdir()
+    commongen_split(rng, data, "train", 60)
+    commongen_split(rng, data, "dev", 5)
+    commongen_split(rng, data, "test", 4)
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_text("= Dogs =\n the dog runs in the park with a ball . a kid swims in the river near a tree .\n")
+    out = tmp_path / "out"
+    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", MAX_SHARED="1")
+    assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "test"]
+    for split, n in (("valid", 5), ("test", 4)):
+        scores = json.loads((out / "runs" / "transformer" / f"{split}.scores.json").read_text())
+        assert scores, split
+        assert len((out / "raw" / f"{split}.eki.src").read_text().splitlines()) == n
+    train_report = json.loads((out / "raw" / "train.proto.json").read_text())
+    assert train_report["max_shared_concepts"] == 1
+    assert json.loads((out / "raw" / "test.proto.json").read_text())["max_shared_concepts"] is None
+
+
+def test_commongen_test_split_without_references_is_decoded_not_scored(tmp_path):
+    rng = random.Random(2)
+    data = tmp_path / "data"
+    data.mkdir()
+    commongen_split(rng, data, "train", 40)
+    commongen_split(rng, data, "dev", 3)
+    commongen_split(rng, data, "test", 3, with_refs=False)
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_text("the dog runs in the park with a ball .\n")
+    out = tmp_path / "out"
+    proc = run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50")
+    assert "test has no references" in proc.stdout
+    assert (out / "runs" / "transformer" / "test.out").exists()
+    assert not (out / "runs" / "transformer" / "test.scores.json").exists()
+    assert (out / "runs" / "transformer" / "valid.scores.json").exists()

@@ -16,12 +16,30 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-python3}
 VENV=$ROOT/.venv
 STAMP=$VENV/.knowgen-installed
+FAIRSEQ_VERSION=0.12.3.1
 REQ_HASH=$(cat requirements.txt setup.py scripts/setup_env.sh | sha1sum | cut -d' ' -f1)
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$REQ_HASH" ] && "$VENV/bin/python" -c "import fairseq, fairseq_knowgen" 2>/dev/null; then
-  exit 0
-fi
+installed() {
+  [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$REQ_HASH" ] \
+    && "$VENV/bin/python" -c "import fairseq, fairseq_knowgen, sys; sys.exit(fairseq.__version__ != '$FAIRSEQ_VERSION')" 2>/dev/null
+}
+installed && exit 0
 
+# one installer at a time: demo.sh and test.sh started together must not both build .venv
+exec 9>"$ROOT/.setup.lock"
+if ! flock -n 9; then
+  echo "[setup] another set-up is running in $ROOT; waiting for it" >&2
+  flock 9
+fi
+installed && exit 0
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    found=$("$PYTHON" --version 2>&1 || echo "no $PYTHON")
+    echo "[setup] fairseq-fixed needs Python 3.10 or newer; found: $found (set PYTHON=/path/to/python3.11)" >&2
+    exit 2
+  fi
+fi
 echo "[setup] creating/updating $VENV" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
@@ -29,9 +47,12 @@ $PIP install -q --upgrade "pip>=23" wheel "setuptools<81"
 # torch first and pinned: every later step sees it installed and installs no other
 $PIP install -q "torch==2.13.0" "numpy<2.3" cython
 $PIP install -q -r requirements.txt "torch==2.13.0"
-if ! "$VENV/bin/python" -c "import fairseq" 2>/dev/null; then
-  echo "[setup] installing fairseq-fixed==0.12.3.1 (first build compiles C++ extensions, ~6 min)" >&2
-  $PIP install --no-deps --no-build-isolation "fairseq-fixed==0.12.3.1"
+have=$("$VENV/bin/python" -c "import fairseq; print(fairseq.__version__)" 2>/dev/null || true)
+if [ "$have" != "$FAIRSEQ_VERSION" ]; then
+  [ -z "$have" ] || echo "[setup] replacing fairseq $have by fairseq-fixed $FAIRSEQ_VERSION" >&2
+  $PIP uninstall -q -y fairseq fairseq-fixed 2>/dev/null || true
+  echo "[setup] installing fairseq-fixed==$FAIRSEQ_VERSION (first build compiles C++ extensions, ~6 min)" >&2
+  $PIP install --no-deps --no-build-isolation "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
 $PIP install -q --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import torch, fairseq, fairseq_knowgen; print('[setup] torch', torch.__version__, 'fairseq', fairseq.__version__)" >&2

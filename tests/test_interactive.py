@@ -28,7 +28,19 @@ ARCHS = {
     "copy_transformer": [*TINY_MODEL, "--criterion", "force_copy"],
     "copy_transformer_small": [*TINY_MODEL, "--criterion", "force_copy"],
 }
-DECODE = ["--user-dir", "fairseq_knowgen", "--cpu", "--beam", "3", "--batch-size", "8"]
+DECODE = [
+    "--user-dir",
+    "fairseq_knowgen",
+    "--cpu",
+    "--beam",
+    "3",
+    "--batch-size",
+    "8",
+    "--max-len-a",
+    "0",
+    "--max-len-b",
+    "20",
+]
 PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
 

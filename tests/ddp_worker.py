@@ -9,15 +9,22 @@ Faults for the tests of a failing rank, set through the environment:
 
 - ``DDP_WORKER_EXIT_AFTER_UPDATE=N``: after update N the process dies at once with exit code 3
   (``os._exit``: no cleanup, as a crashed or OOM-killed rank);
-- ``DDP_WORKER_HANG_AFTER_UPDATE=N``: after update N the process sleeps for an hour without
-  exiting (a stuck rank whose sockets stay open).
+- ``DDP_WORKER_HANG_AFTER_UPDATE=N``: after update N the process stops itself (SIGSTOP): a stuck
+  rank whose sockets stay open and whose own heartbeat thread stops too.
+
+``DDP_WORKER_PG_TIMEOUT=S`` creates the process groups (the default one and fairseq's global
+group) with a timeout of S seconds (torch's default is 30 minutes; fairseq passes none): a
+collective that waits longer raises an error.
 """
 
 import os
+import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from fairseq import trainer as trainer_module
 from fairseq.logging import metrics
 
@@ -27,6 +34,18 @@ _step = trainer_module.Trainer.train_step
 _reduce = trainer_module.Trainer._reduce_and_log_stats
 EXIT_AFTER = int(os.environ.get("DDP_WORKER_EXIT_AFTER_UPDATE", "0"))
 HANG_AFTER = int(os.environ.get("DDP_WORKER_HANG_AFTER_UPDATE", "0"))
+PG_TIMEOUT = int(os.environ.get("DDP_WORKER_PG_TIMEOUT", "0"))
+_init_process_group = dist.init_process_group
+_new_group = dist.new_group
+
+
+def init_process_group(*args, **kwargs):
+    return _init_process_group(*args, timeout=timedelta(seconds=PG_TIMEOUT), **kwargs)
+
+
+def new_group(*args, **kwargs):
+    # fairseq's collectives run on a group of its own (distributed_utils.get_global_group)
+    return _new_group(*args, timeout=timedelta(seconds=PG_TIMEOUT), **kwargs)
 
 
 def init(self, *args, **kwargs):
@@ -42,11 +61,11 @@ def train_step(self, *args, **kwargs):
         captured["in_train_step"] = False
     n = self.get_num_updates()
     if out is not None and n == EXIT_AFTER:
-        print(f"ddp_worker: exiting after update {n} on purpose", file=sys.stderr, flush=True)
+        print(f"ddp_worker: exiting after update {n} on purpose at {time.time()}", file=sys.stderr, flush=True)
         os._exit(3)
     if out is not None and n == HANG_AFTER:
-        print(f"ddp_worker: hanging after update {n} on purpose", file=sys.stderr, flush=True)
-        time.sleep(3600)
+        print(f"ddp_worker: stopping after update {n} on purpose at {time.time()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
     return out
 
 
@@ -67,6 +86,9 @@ if __name__ == "__main__":
     trainer_module.Trainer.__init__ = init
     trainer_module.Trainer.train_step = train_step
     trainer_module.Trainer._reduce_and_log_stats = reduce_and_log_stats
+    if PG_TIMEOUT > 0:
+        dist.init_process_group = init_process_group
+        dist.new_group = new_group
     train.cli_main()
     t = captured["trainer"]
     torch.save(

@@ -2,6 +2,7 @@
 
 import os
 import random
+import signal
 import subprocess
 import sys
 
@@ -46,9 +47,23 @@ def run_cli(tool, *args, check=True, timeout=600, env=None):
     if tool == "-m":
         cmd = [sys.executable, "-m"]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.run(
-        cmd + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    # its own process group, killed whole on timeout (subprocess.run would kill only the direct child)
+    with subprocess.Popen(
+        cmd + [str(a) for a in args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    proc = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
@@ -129,4 +144,52 @@ def eki_bin(tmp_path_factory):
         (raw / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
     out = tmp_path_factory.mktemp("ekibin")
     preprocess(raw, out, "train", "valid")
+    return out
+
+
+@pytest.fixture(scope="session")
+def word_level_bin(tiny_raw, tmp_path_factory):
+    """Tiny demo data at word level with a vocabulary of frequent words only: most names
+    become <unk-N> placeholders."""
+    out = tmp_path_factory.mktemp("copybin")
+    run_cli(
+        "-m",
+        "fairseq_knowgen.prep.placeholders",
+        "encode",
+        "--train-prefix",
+        tiny_raw / "train",
+        "--splits",
+        tiny_raw / "train",
+        tiny_raw / "valid",
+        tiny_raw / "test",
+        "--out-dir",
+        out / "text",
+        "--min-count",
+        "25",
+        "--min-source-df",
+        "1000",
+        "--max-positions",
+        "40",
+    )
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--srcdict",
+        out / "text" / "dict.txt",
+        "--tgtdict",
+        out / "text" / "dict.txt",
+        "--trainpref",
+        out / "text" / "train",
+        "--validpref",
+        out / "text" / "valid",
+        "--testpref",
+        out / "text" / "test",
+        "--destdir",
+        out / "bin",
+        "--workers",
+        "1",
+    )
     return out

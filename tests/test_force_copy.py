@@ -249,54 +249,6 @@ def test_placeholders_round_trip():
     assert restore(" ".join(t), src).split()[:6] == tgt[:6]
 
 
-@pytest.fixture(scope="module")
-def word_level_bin(tiny_raw, tmp_path_factory):
-    """Tiny demo data at word level with a vocabulary of frequent words only: most names
-    become <unk-N> placeholders."""
-    out = tmp_path_factory.mktemp("copybin")
-    run_cli(
-        "-m",
-        "fairseq_knowgen.prep.placeholders",
-        "encode",
-        "--train-prefix",
-        tiny_raw / "train",
-        "--splits",
-        tiny_raw / "train",
-        tiny_raw / "valid",
-        tiny_raw / "test",
-        "--out-dir",
-        out / "text",
-        "--min-count",
-        "25",
-        "--min-source-df",
-        "1000",
-        "--max-positions",
-        "40",
-    )
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--srcdict",
-        out / "text" / "dict.txt",
-        "--tgtdict",
-        out / "text" / "dict.txt",
-        "--trainpref",
-        out / "text" / "train",
-        "--validpref",
-        out / "text" / "valid",
-        "--testpref",
-        out / "text" / "test",
-        "--destdir",
-        out / "bin",
-        "--workers",
-        "1",
-    )
-    return out
-
-
 TINY_COPY = ["--arch", "copy_transformer_small", *TINY_MODEL, "--criterion", "force_copy"]
 
 

@@ -18,7 +18,6 @@ from unittest import mock
 import pytest
 import torch
 from conftest import BIN, ROOT, TINY_BART, TINY_MODEL, TRAIN_COMMON
-from test_force_copy import word_level_bin  # noqa: F401  (module-scoped fixture: the placeholder data)
 
 from fairseq_knowgen.prep import placeholders
 

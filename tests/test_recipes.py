@@ -33,6 +33,8 @@ def run_recipe(script, *args, **env):
         env=dict(os.environ, **RECIPE_ENV, **env),
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    # fairseq logs this on every command when tensorboardX is missing (--tensorboard-logdir needs it)
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
     return proc
 
 

@@ -38,6 +38,15 @@ numbers as in fairseq-generate's, and puts back source word N of line ``id`` for
 and written line by line. The restore step needs the raw source lines as a file because
 fairseq-interactive prints the *encoded* source (``S-`` lines show ``<unk-N>``, not the word).
 Only ``H-`` and ``D-`` lines change; log, ``S-`` and ``P-`` lines pass through.
+
+Whole-entity placeholders ``<ent-K>`` (:mod:`.entities`, ``prep.webnlg --entity-placeholders``)
+compose with these: ``encode`` keeps them as vocabulary words (``<ent-0..M-1>`` are always in
+``dict.txt``, M at least ``--entity-slots`` and one more than the largest K of the encoded
+splits, so that no split maps an entity to ``<unk>``), other rare words still become
+``<unk-N>``, and ``restore --entmap SPLIT.entmap`` puts back source word N for ``<unk-N>``
+(``--src`` is then the source with ``<ent-K>``, as the model read it) and then the surface
+form of entity K for ``<ent-K>``. For raw text, ``entities delexicalize`` writes that source
+and its map first (see :mod:`.entities`).
 """
 
 import argparse
@@ -49,6 +58,7 @@ from collections import Counter
 from typing import Dict, Iterator, List, Set, Tuple
 
 from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
+from . import entities
 
 _PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
@@ -172,13 +182,31 @@ def write_dict(path: str, vocab: Counter, max_positions: int):
             f.write(f"{placeholder(i)} 0\n")
 
 
+def add_entity_slots(vocab: Counter, lines: List[str], slots: int = 0) -> int:
+    """Put ``<ent-0>`` .. ``<ent-{M-1}>`` into ``vocab`` (count 0 where not already in it), M the
+    larger of ``slots`` and one more than the largest K in ``lines``; returns M."""
+    m = slots
+    for line in lines:
+        for w in line.split():
+            e = entities.ENTITY_TOKEN.match(w)
+            if e:
+                m = max(m, int(e.group(1)) + 1)
+    for k in range(m):
+        vocab.setdefault(entities.entity_token(k), 0)
+    return m
+
+
 def cmd_encode(a):
     train_src, train_tgt = read_parallel(a.train_prefix + ".src", a.train_prefix + ".tgt", what="training")
     vocab = build_vocab(train_src, train_tgt, a.min_count, a.min_source_df, a.max_size)
+    data = {prefix: read_parallel(prefix + ".src", prefix + ".tgt") for prefix in a.splits}
+    n_ent = add_entity_slots(vocab, [x for src, tgt in data.values() for x in src + tgt], a.entity_slots)
+    if n_ent:
+        print(f"dictionary: <ent-0> .. <ent-{n_ent - 1}>")
     os.makedirs(a.out_dir, exist_ok=True)
     write_dict(os.path.join(a.out_dir, "dict.txt"), vocab, a.max_positions)
     for prefix in a.splits:
-        src, tgt = read_parallel(prefix + ".src", prefix + ".tgt")
+        src, tgt = data[prefix]
         name = os.path.basename(prefix)
         enc = [encode_pair(s.split(), t.split(), vocab, a.max_positions) for s, t in zip(src, tgt)]
         for side, k in (("src", 0), ("tgt", 1)):
@@ -197,6 +225,11 @@ def cmd_encode_source(a):
 
 def cmd_restore(a):
     src = read_lines(a.src, "source")
+    entmap = entities.read_entmap(a.entmap) if a.entmap else None
+    if entmap is not None and len(entmap) != len(src):
+        raise DataError(
+            a.entmap, 0, f"{len(entmap)} lines but {a.src} has {len(src)}: not the entity map of this source"
+        )
     gen = "<stdin>" if a.gen == "-" else a.gen
     with _output(a.out) as write:
         for n, line in enumerate(_lines(a.gen, "fairseq-generate output"), start=1):
@@ -208,6 +241,8 @@ def cmd_restore(a):
                 if i >= len(src):
                     raise DataError(gen, n, f"hypothesis id {i} but {a.src} has {len(src)} lines")
                 parts[2] = restore(parts[2], src[i].split())
+                if entmap is not None:
+                    parts[2] = entities.restore(parts[2], entmap[i])
             write("\t".join(parts) + "\n")
 
 
@@ -227,6 +262,13 @@ def main(argv=None):
     e.add_argument("--min-source-df", type=int, default=5, help="keep words of at least this many distinct sources")
     e.add_argument("--max-size", type=int, default=0, help="keep at most this many words (0: no limit)")
     e.add_argument("--max-positions", type=int, default=100, help="number of placeholders <unk-0..K-1>")
+    e.add_argument(
+        "--entity-slots",
+        type=int,
+        default=0,
+        help="at least this many whole-entity tokens <ent-0..M-1> in the dictionary (they are always kept as "
+        "words; M is also at least one more than the largest K in the encoded splits)",
+    )
     es = sub.add_parser(
         "encode-source",
         help="encode raw source lines for fairseq-interactive (vocabulary and K from a dictionary of `encode`)",
@@ -238,7 +280,17 @@ def main(argv=None):
         "restore", help="replace <unk-N> in fairseq-generate or fairseq-interactive output by source words"
     )
     r.add_argument("--gen", default="-", help="fairseq-generate/-interactive output (default -: standard input)")
-    r.add_argument("--src", required=True, help="the original (not encoded) source lines, line i for id i")
+    r.add_argument(
+        "--src",
+        required=True,
+        help="the source lines before `encode`/`encode-source` (with <ent-K> if entities were delexicalized), "
+        "line i for id i",
+    )
+    r.add_argument(
+        "--entmap",
+        help="SPLIT.entmap of prep.webnlg --entity-placeholders (or of `entities delexicalize`): "
+        "<ent-K> of line i becomes its surface form K",
+    )
     r.add_argument("--out", default="-", help="restored output (default -: standard output)")
     a = p.parse_args(argv)
     {"encode": cmd_encode, "encode-source": cmd_encode_source, "restore": cmd_restore}[a.cmd](a)

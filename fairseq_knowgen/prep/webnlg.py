@@ -25,23 +25,37 @@ Splits written to ``--out`` (Moses-tokenized, case kept):
 Evaluation inputs per split (one line per entry): ``.refs.jsonl`` (all texts, untokenized),
 ``.entities`` (subjects and objects, ``|``-separated), ``.category``.
 
-    python -m fairseq_knowgen.prep.webnlg --data ../shared/data/webnlg --out OUT
+With ``--entity-placeholders`` (see :mod:`.entities`) every subject and object of ``.src``
+is one token ``<ent-K>`` and its mentions in ``.tgt`` are that token; per split ``.lex.src``
+keeps the linearized source with the entities (for scoring copies), ``.entmap`` the surface
+form of ``<ent-K>`` per line (``placeholders restore --entmap`` puts them back), and
+``entity_match.json`` the share of (reference, source entity) pairs whose entity the matcher
+finds in the reference (train: every line; evaluation splits: every reference of an entry),
+the upper bound of what delexicalized training sees.
+
+    python -m fairseq_knowgen.prep.webnlg --data ../shared/data/webnlg --out OUT [--entity-placeholders]
 """
 
 import argparse
 import glob
+import json
 import os
 import re
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
+from xml.parsers import expat
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, atomic_write, cli_entry
+from . import entities as ent
 from .common import ensure_dir, moses_tokenize, write_jsonl, write_lines
 
 DEFAULT_HELDOUT = ("Astronaut", "Monument", "University")
 
 
 def clean_entity(text: str) -> str:
+    """``Abilene,_Texas`` -> ``Abilene, Texas``; ``"11.5"^^xsd:double`` and ``"Aarhus"@en`` lose
+    their datatype or language tag and quotes."""
+    text = re.sub(r'"(\^\^\S+|@[A-Za-z-]+)$', '"', text.strip())
     text = text.replace("_", " ").replace('"', " ")
     return " ".join(text.split())
 
@@ -53,11 +67,34 @@ def split_predicate(pred: str) -> str:
     return " ".join(pred.lower().split())
 
 
-def parse_triple(text: str, path: str) -> List[str]:
+def parse_triple(text: str, path: str, line: int = 0) -> List[str]:
     parts = [p.strip() for p in text.split(" | ")]
     if len(parts) != 3 or not all(parts):
-        raise DataError(path, 0, f"malformed triple {text!r} (expected 'subject | predicate | object')")
+        raise DataError(path, line, f"malformed triple {text!r} (expected 'subject | predicate | object')")
+    for what, part in (("subject", parts[0]), ("predicate", parts[1]), ("object", parts[2])):
+        if not (split_predicate(part) if what == "predicate" else clean_entity(part)):
+            raise DataError(path, line, f"empty {what} {part!r} in triple {text!r}")
     return parts
+
+
+def parse_xml(path: str):
+    """The root element of an XML file and the line on which each element starts (for errors)."""
+    builder, lines = ET.TreeBuilder(), {}
+    parser = expat.ParserCreate()
+    parser.buffer_text = True
+
+    def start(tag, attrs):
+        lines[builder.start(tag, attrs)] = parser.CurrentLineNumber
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = builder.end
+    parser.CharacterDataHandler = builder.data
+    try:
+        with open(path, "rb") as f:
+            parser.ParseFile(f)
+    except expat.ExpatError as e:
+        raise DataError(path, e.lineno, f"XML parse error: {expat.errors.messages[e.code]}") from None
+    return builder.close(), lines
 
 
 def read_entries(split_dir: str) -> List[Dict]:
@@ -70,16 +107,13 @@ def read_entries(split_dir: str) -> List[Dict]:
         raise DataError(split_dir, 0, "no */*triples/*.xml or *.xml files found (is this a WebNLG split folder?)")
     entries, skipped = [], 0
     for path in files:
-        try:
-            root = ET.parse(path).getroot()
-        except ET.ParseError as e:
-            raise DataError(path, e.position[0], f"XML parse error: {e.msg if hasattr(e, 'msg') else e}") from None
+        root, lines = parse_xml(path)
         for entry in root.iter("entry"):
-            triples = [parse_triple(t.text or "", path) for t in entry.iter("mtriple")]
+            triples = [parse_triple(t.text or "", path, lines[t]) for t in entry.iter("mtriple")]
             texts = [" ".join((t.text or "").split()) for t in entry.iter("text")]
             texts = [t for t in texts if t]
             if not triples:
-                raise DataError(path, 0, f"entry {entry.get('eid')} has no <mtriple>")
+                raise DataError(path, lines[entry], f"entry {entry.get('eid')} has no <mtriple>")
             if not texts:  # the released files have a few entries whose <text> are all empty
                 skipped += 1
                 continue
@@ -105,24 +139,60 @@ def entities(triples) -> List[str]:
     return seen
 
 
-def write_split(out: str, name: str, entries: List[Dict], one_line_per_text: bool):
-    src, tgt = [], []
+def write_split(
+    out: str, name: str, entries: List[Dict], one_line_per_text: bool, entity_surface: Optional[str] = None
+) -> Optional[Dict]:
+    """Write ``name.src/.tgt`` (and the evaluation files). With ``entity_surface`` (a style of
+    :func:`.entities.surface_form`) entities become ``<ent-K>`` and ``.lex.src`` and
+    ``.entmap`` are written; returns the entity match counts (else None)."""
+    src, tgt, lex, maps = [], [], [], []
+    mentions = found = 0
     for e in entries:
         s = linearize(e["triples"], lambda x: moses_tokenize(x, lowercase=False))
-        for text in e["texts"] if one_line_per_text else e["texts"][:1]:
-            src.append(s)
-            tgt.append(moses_tokenize(text, lowercase=False))
+        if entity_surface is None:
+            for text in e["texts"] if one_line_per_text else e["texts"][:1]:
+                src.append(s)
+                tgt.append(moses_tokenize(text, lowercase=False))
+            continue
+        delex, ents = ent.delexicalize_source(s.split(), f"{out}/{name}.src", len(src) + 1)
+        matcher = ent.EntityMatcher(ents, entity_surface)
+        surfaces = [ent.surface_form(x, entity_surface) for x in ents]
+        # the upper bound is counted on every reference (train: every reference is a line)
+        for r, text in enumerate(e["texts"]):
+            tokens, hit = matcher.delexicalize(moses_tokenize(text, lowercase=False).split())
+            mentions += len(ents)
+            found += len(hit)
+            if one_line_per_text or r == 0:
+                src.append(" ".join(delex))
+                tgt.append(" ".join(tokens))
+                lex.append(s)
+                maps.append(surfaces)
     write_lines(f"{out}/{name}.src", src)
     write_lines(f"{out}/{name}.tgt", tgt)
+    if entity_surface is None:  # no stale entity files from an earlier run in the same folder
+        for suffix in ("lex.src", "entmap"):
+            if os.path.exists(f"{out}/{name}.{suffix}"):
+                os.remove(f"{out}/{name}.{suffix}")
+    else:
+        write_lines(f"{out}/{name}.lex.src", lex)
+        ent.write_entmap(f"{out}/{name}.entmap", maps)
     if not one_line_per_text:
         write_jsonl(f"{out}/{name}.refs.jsonl", (e["texts"] for e in entries))
         write_lines(f"{out}/{name}.entities", ("|".join(entities(e["triples"])) for e in entries))
         write_lines(f"{out}/{name}.category", (e["category"] for e in entries))
     print(f"{name}: {len(entries)} entries, {len(src)} lines")
+    if entity_surface is None:
+        return None
+    stats = {"mentions": mentions, "found": found, "entity_match_rate": found / mentions if mentions else 0.0}
+    print(json.dumps({"split": name, **stats}))
+    return stats
 
 
-def prepare(data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT) -> List[str]:
-    """Write the splits; returns the evaluation splits written (also in ``OUT/eval_splits``)."""
+def prepare(
+    data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT, entity_surface: Optional[str] = None
+) -> List[str]:
+    """Write the splits; returns the evaluation splits written (also in ``OUT/eval_splits``).
+    ``entity_surface``: whole-entity placeholders restored in this style (None: none)."""
     ensure_dir(out)
     train = read_entries(os.path.join(data, "train"))
     dev = read_entries(os.path.join(data, "dev"))
@@ -134,11 +204,14 @@ def prepare(data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT) -> Li
             0,
             f"--heldout-categories {sorted(unknown)} not among the train categories {sorted(known)}",
         )
-    write_split(out, "train", [e for e in train if e["category"] not in heldout], one_line_per_text=True)
-    write_split(out, "valid", dev, one_line_per_text=False)
+    match = {}
+    match["train"] = write_split(out, "train", [e for e in train if e["category"] not in heldout], True, entity_surface)
+    match["valid"] = write_split(out, "valid", dev, False, entity_surface)
     splits = ["valid"]
     if heldout:
-        write_split(out, "heldout", [e for e in train if e["category"] in heldout], one_line_per_text=False)
+        match["heldout"] = write_split(
+            out, "heldout", [e for e in train if e["category"] in heldout], False, entity_surface
+        )
         splits.append("heldout")
     test_dir = os.path.join(data, "test")
     if os.path.isdir(test_dir):
@@ -150,9 +223,15 @@ def prepare(data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT) -> Li
             ("test_unseen", [e for e in test if e["category"] not in seen]),
         ):
             if part:
-                write_split(out, name, part, one_line_per_text=False)
+                match[name] = write_split(out, name, part, False, entity_surface)
                 splits.append(name)
     write_lines(f"{out}/eval_splits", splits)
+    if entity_surface is None:
+        if os.path.exists(f"{out}/entity_match.json"):
+            os.remove(f"{out}/entity_match.json")
+    else:
+        with atomic_write(f"{out}/entity_match.json") as f:
+            json.dump(match, f, indent=1)
     print("evaluation splits: " + " ".join(splits))
     return splits
 
@@ -166,8 +245,26 @@ def main(argv=None):
         default=",".join(DEFAULT_HELDOUT),
         help="training categories held out as the unseen-category split (comma list; '' for none)",
     )
+    p.add_argument(
+        "--entity-placeholders",
+        action="store_true",
+        help="each subject and object becomes one token <ent-K> in .src and its mentions in .tgt "
+        "(see fairseq_knowgen.prep.entities); writes .lex.src, .entmap and entity_match.json",
+    )
+    p.add_argument(
+        "--entity-surface",
+        choices=ent.SURFACE_STYLES,
+        default="text",
+        help="what <ent-K> is restored to: 'text' (disambiguation parentheses dropped, units without "
+        "parentheses, ISO dates spelled out) or 'dbpedia' (the cleaned DBpedia form of the source)",
+    )
     a = p.parse_args(argv)
-    prepare(a.data, a.out, [c for c in a.heldout_categories.split(",") if c])
+    prepare(
+        a.data,
+        a.out,
+        [c for c in a.heldout_categories.split(",") if c],
+        a.entity_surface if a.entity_placeholders else None,
+    )
 
 
 if __name__ == "__main__":

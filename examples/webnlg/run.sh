@@ -17,6 +17,12 @@
 #       BPE_OPS=0: word level, words seen fewer than MIN_COUNT=2 times in train become <unk-N>
 #                  placeholders that copy models copy and stage 5 restores (default)
 #       BPE_OPS=4000: joint subword-nmt BPE instead (copy models then copy pieces)
+#       ENTITIES=1: whole-entity placeholders (word level only): stage 1 makes each subject and object one
+#                  source token <ent-K> and its mentions in the references that token
+#                  (python -m fairseq_knowgen.prep.webnlg --entity-placeholders; its match rate per split in
+#                  $OUT/raw/entity_match.json), stage 2 keeps <ent-K> as words (rarer words still <unk-N>),
+#                  stage 5 restores <ent-K> to the entity's surface form (ENTITY_SURFACE=text, or dbpedia:
+#                  the cleaned DBpedia form) from $OUT/raw/SPLIT.entmap. Stages 2-6 follow what stage 1 wrote.
 #       BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
 #   Examples:
 #       bash examples/webnlg/run.sh
@@ -33,6 +39,10 @@ LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
 HELDOUT=${HELDOUT-Astronaut,Monument,University}  # set but empty: no held-out categories
 TRAIN_ARGS=${TRAIN_ARGS:-}
+ENTITIES=${ENTITIES:-0}; ENTITY_SURFACE=${ENTITY_SURFACE:-text}
+if [ "$ENTITIES" = 1 ] && [ "$BPE_OPS" -gt 0 ]; then
+  echo "ENTITIES=1 needs BPE_OPS=0 (BPE would split the <ent-K> tokens)"; exit 2
+fi
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -43,16 +53,25 @@ mkdir -p "$OUT"
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 
 if stage 1; then
-  echo "== stage 1: prepare $DATA -> $OUT/raw (held-out categories: $HELDOUT)"
-  $PY -m fairseq_knowgen.prep.webnlg --data "$DATA" --out "$OUT/raw" --heldout-categories "$HELDOUT"
+  echo "== stage 1: prepare $DATA -> $OUT/raw (held-out categories: $HELDOUT; entity placeholders: $ENTITIES)"
+  ent_args=()
+  [ "$ENTITIES" = 1 ] && ent_args=(--entity-placeholders --entity-surface "$ENTITY_SURFACE")
+  $PY -m fairseq_knowgen.prep.webnlg --data "$DATA" --out "$OUT/raw" --heldout-categories "$HELDOUT" \
+    ${ent_args[@]+"${ent_args[@]}"}
 fi
 [ "$STOP_STAGE" -lt 2 ] || require_stage1
+# entmap_of SPLIT: raw/SPLIT.entmap when stage 1 wrote entity placeholders (else nothing)
+entmap_of() { [ ! -f "$OUT/raw/$1.entmap" ] || echo "$OUT/raw/$1.entmap"; }
 if stage 2; then
   # shellcheck disable=SC2046
+  if [ "$BPE_OPS" -gt 0 ] && [ -f "$OUT/raw/train.entmap" ]; then
+    echo "$OUT/raw has entity placeholders (ENTITIES=1 in stage 1): BPE_OPS must be 0"; exit 2
+  fi
   if [ "$BPE_OPS" -gt 0 ]; then
     echo "== stage 2: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
     stage_bpe train.src train.tgt $(for s in $(eval_splits); do echo "$s.src $s.tgt"; done)
   else
+    # <ent-K> (ENTITIES=1) are always words of the dictionary
     echo "== stage 2: word level, vocabulary = train words seen >= $MIN_COUNT times, others <unk-N> -> $OUT/bpe"
     $PY -m fairseq_knowgen.prep.placeholders encode --train-prefix "$OUT/raw/train" --out-dir "$OUT/bpe" \
       --splits "$OUT/raw/train" $(for s in $(eval_splits); do echo "$OUT/raw/$s"; done) \
@@ -77,16 +96,20 @@ if stage 5; then
   for split in $(eval_splits); do
     echo "== stage 5: fairseq-generate --beam $BEAM on $split -> $RUN/$split.out"
     stage_generate "$split" "$RUN/$split.gen"
-    # <unk-N> -> source word N (a no-op with BPE)
+    # <unk-N> -> source word N (a no-op with BPE), then <ent-K> -> the surface form of entity K (ENTITIES=1)
+    entmap=$(entmap_of "$split")
     $PY -m fairseq_knowgen.prep.placeholders restore --gen "$RUN/$split.gen" --src "$OUT/raw/$split.src" \
-      --out "$RUN/$split.out"
+      ${entmap:+--entmap "$entmap"} --out "$RUN/$split.out"
   done
 fi
 if stage 6; then
   for split in $(eval_splits); do
     echo "== stage 6: evaluate $split -> $RUN/$split.scores.json"
+    # copies are counted against the source with its entities (ENTITIES=1: .src has <ent-K>)
+    src=$OUT/raw/$split.src
+    [ ! -f "$OUT/raw/$split.lex.src" ] || src=$OUT/raw/$split.lex.src
     $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
-      --src "$OUT/raw/$split.src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \
+      --src "$src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \
       --json-out "$RUN/$split.scores.json"
   done
 fi

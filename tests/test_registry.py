@@ -24,7 +24,7 @@ OUR_CRITERIONS = {
     "force_copy": "ForceCopyCriterion",
     "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
 }
-OUR_TASKS = {"eki_generation": "EKIGenerationTask"}
+OUR_TASKS = {"eki_generation": "EKIGenerationTask", "translation_constrained": "TranslationConstrainedTask"}
 
 
 @pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))

@@ -121,7 +121,9 @@ class SourceAnnotator:
 
 class EKIDataset(BaseWrapperDataset):
     """Wraps a ``LanguagePairDataset`` whose sources hold ``concepts <sep> prototype``; adds
-    ``src_group`` and ``src_distance`` to ``net_input`` and ``src_label`` to the batch."""
+    ``src_group`` and ``src_distance`` to ``net_input`` and ``src_label`` to the batch. The
+    wrapped dataset's lexical constraints (:mod:`fairseq_knowgen.data.constraints`) reach the
+    batch through its own collater, sorted with the sources."""
 
     def __init__(self, dataset, src_dict, path: str = "?"):
         super().__init__(dataset)

@@ -1,3 +1,3 @@
 """Tasks of fairseq-knowgen (imported for registration)."""
 
-from . import eki_generation  # noqa: F401
+from . import eki_generation, translation_constrained  # noqa: F401

@@ -5,6 +5,9 @@ fairseq's ``translation`` task plus the source annotations of
 distances, L_E labels), which reach the model as ``src_group`` / ``src_distance`` in
 ``net_input`` and the criterion as ``src_label``. Binarize with ``fairseq-preprocess`` as
 for translation; keep ``<sep>`` out of BPE (``subword-nmt apply-bpe --glossaries '<sep>'``).
+It extends ``translation_constrained``: ``--constraints-from SUFFIX`` with ``fairseq-generate
+--constraints unordered`` forces e.g. every concept into the output (the constraints sit in the
+wrapped ``LanguagePairDataset``, whose collater :class:`EKIDataset` calls).
 
 Model hyper-parameters are the model's alone: the task has no copy of ``--eki-max-distance``
 (distances leave the data unclipped and the model clamps them at the bound its checkpoint
@@ -36,14 +39,14 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..data.eki_dataset import SEPARATOR, EKIDataset, SourceAnnotator
 from ..textio import DataError, read_lines, read_parallel
+from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
 
 @dataclass
-class EKIGenerationConfig(TranslationConfig):
+class EKIGenerationConfig(TranslationConstrainedConfig):
     eki_prototype_corpus: Optional[str] = field(
         default=None,
         metadata={
@@ -61,7 +64,7 @@ class EKIGenerationConfig(TranslationConfig):
 
 
 @register_task("eki_generation", dataclass=EKIGenerationConfig)
-class EKIGenerationTask(TranslationTask):
+class EKIGenerationTask(TranslationConstrainedTask):
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self._annotator = None

@@ -306,3 +306,16 @@ def test_bad_entmap_names_file_and_line(tmp_path, capsys):
     argv = ["restore", "--gen", str(tmp_path / "g"), "--src", str(tmp_path / "s"), "--entmap", str(tmp_path / "m")]
     code, err = run_main(placeholders.main, argv, capsys)
     assert code == 2 and "m:2: expected a JSON list of non-empty strings" in err
+
+
+def test_markers_stay_in_the_vocabulary_when_sources_repeat():
+    # with entity placeholders every source of one predicate is the same line: the markers have a source
+    # document frequency of 1, yet must not become <unk-N> placeholders
+    from fairseq_knowgen.prep.placeholders import build_vocab, encode_pair
+
+    src = ["<S> <ent-0> <P> birth place <O> <ent-1>"] * 10
+    tgt = ["<ent-0> was born in <ent-1> ."] * 10
+    vocab = build_vocab(src, tgt, min_count=2, min_source_df=5)
+    assert {"<S>", "<P>", "<O>"} <= set(vocab) and "birth" not in vocab and "<unk>" not in vocab
+    s, _ = encode_pair(src[0].split(), tgt[0].split(), vocab, max_positions=100)
+    assert s[0] == "<S>" and s[2] == "<P>" and s[5] == "<O>"

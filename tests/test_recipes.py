@@ -137,6 +137,27 @@ def test_later_stage_before_stage_1_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "run stage 1 first" in proc.stdout
 
 
+def test_webnlg_entity_placeholders_with_constraints_put_every_entity_in_the_output(webnlg_data, tmp_path):
+    # a 3-update model says almost nothing right; constrained decoding must still make it mention every entity
+    out = tmp_path / "out"
+    env = dict(HELDOUT="", ENTITIES="1")
+    run_recipe("examples/webnlg/run.sh", webnlg_data, out, STOP_STAGE="4", **env)
+    run_recipe("examples/webnlg/run.sh", webnlg_data, out, STAGE="5", CONSTRAINTS="1", **env)
+    for split in ("valid", "test_unseen"):
+        entmaps = [json.loads(x) for x in (out / "raw" / f"{split}.entmap").read_text().splitlines()]
+        hyps = {}
+        for line in (out / "runs" / "transformer" / f"{split}.cons.out").read_text().splitlines():
+            if line.startswith("H-"):
+                i, _, text = line[2:].split("\t", 2)
+                hyps[int(i)] = text
+        assert sorted(hyps) == list(range(len(entmaps)))
+        for i, ents in enumerate(entmaps):
+            assert "<ent-" not in hyps[i]
+            for e in ents:
+                assert e in hyps[i], (split, i, e, hyps[i])
+        assert (out / "runs" / "transformer" / f"{split}.cons.scores.json").exists()
+
+
 def test_webnlg_heldout_category_is_unseen_in_test(webnlg_data, tmp_path):
     out = tmp_path / "out"
     run_recipe("examples/webnlg/run.sh", webnlg_data, out, HELDOUT="City", STOP_STAGE="1")
@@ -177,6 +198,18 @@ def test_commongen_recipe_scores_a_test_split(tmp_path):
         scores = json.loads((out / "runs" / "transformer" / f"{split}.scores.json").read_text())
         assert scores, split
         assert len((out / "raw" / f"{split}.eki.src").read_text().splitlines()) == n
+    # constrained decoding: every concept of every input is in its hypothesis
+    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STAGE="6", CONSTRAINTS="1")
+    for split in ("valid", "test"):
+        concepts = [c.split("|") for c in (out / "raw" / f"{split}.concepts").read_text().splitlines()]
+        hyps = {}
+        for line in (out / "runs" / "transformer" / f"{split}.cons.out").read_text().splitlines():
+            if line.startswith("H-"):
+                i, _, text = line[2:].split("\t", 2)
+                hyps[int(i)] = text.split()
+        assert sorted(hyps) == list(range(len(concepts)))
+        assert all(c in hyps[i] for i, cs in enumerate(concepts) for c in cs), hyps
+        assert (out / "runs" / "transformer" / f"{split}.cons.scores.json").exists()
     train_report = json.loads((out / "raw" / "train.proto.json").read_text())
     assert train_report["max_shared_concepts"] == 1
     assert json.loads((out / "raw" / "test.proto.json").read_text())["max_shared_concepts"] is None

@@ -18,6 +18,8 @@
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM); scale up on GPUs
 #       MINUTES=30 MAX_UPDATE=0    training budget (--stop-time-hours / --max-update)
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
+#       CONSTRAINTS=0   1: stages 6-7 decode with every concept as a constraint (fairseq's lexically constrained
+#                       beam search, --constraints unordered; the concept as the input gives it) into SPLIT.cons.out
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:
@@ -86,6 +88,8 @@ if stage 4; then
   for d in bin-eki bin-eki-ood; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
     for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
   done
+  # shellcheck disable=SC2046
+  for d in bin bin-eki bin-eki-ood; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
 fi
 if stage 5; then
   echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $LAYERS+$LAYERS layers x $DIM) -> $RUN"
@@ -93,19 +97,19 @@ if stage 5; then
 fi
 if stage 6; then
   for split in $(eval_splits); do
-    echo "== stage 6: fairseq-generate --beam $BEAM on $split -> $RUN/$split.out"
-    stage_generate "$split" "$RUN/$split.out"
+    echo "== stage 6: fairseq-generate --beam $BEAM on $split -> $RUN/$split$CONS.out"
+    stage_generate "$split" "$RUN/$split$CONS.out"
   done
 fi
 if stage 7; then
   for split in $(eval_splits); do
     if [ ! -f "$OUT/raw/$split.refs.jsonl" ]; then
-      echo "== stage 7: $split has no references: outputs in $RUN/$split.out, not scored"
+      echo "== stage 7: $split has no references: outputs in $RUN/$split$CONS.out, not scored"
       continue
     fi
-    echo "== stage 7: evaluate $split -> $RUN/$split.scores.json"
-    $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
-      --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.concepts" --detok moses \
-      --json-out "$RUN/$split.scores.json"
+    echo "== stage 7: evaluate $split -> $RUN/$split$CONS.scores.json"
+    $PY scripts/evaluate.py --hyp "$RUN/$split$CONS.out" --name "$NAME/$split$CONS" \
+      --refs "$OUT/raw/$split.refs.jsonl" --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.concepts" \
+      --detok moses --json-out "$RUN/$split$CONS.scores.json"
   done
 fi

@@ -1,6 +1,9 @@
 # Shared stages of the recipes in examples/<dataset>/run.sh (sourced, not run).
 # The recipe sets: ROOT OUT RUN NAME ARCH ARCH_ARGS LAYERS DIM HEADS MINUTES MAX_UPDATE BPE_OPS BEAM
-# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN, and calls the functions below in its numbered stages.
+# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS], and calls the functions below in its
+# numbered stages.
+# Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores.
+CONS=$([ "${CONSTRAINTS:-0}" = 1 ] && echo .cons || true)
 
 PY=$ROOT/.venv/bin/python
 BIN=$ROOT/.venv/bin
@@ -53,6 +56,15 @@ stage_binarize_extra() {
   done
 }
 
+# stage_constraints KIND DEST SRC SPLIT...: DEST/SPLIT.cons from the encoded source bpe/SPLIT.SRC (KIND: concepts or
+# entities; see fairseq_knowgen/prep/constraints.py), read by fairseq-generate when CONSTRAINTS=1
+stage_constraints() {
+  local kind=$1 dest=$2 src=$3 split; shift 3
+  for split in "$@"; do
+    $PY -m fairseq_knowgen.prep.constraints "$kind" --src "$OUT/bpe/$split.$src" --out "$dest/$split.cons"
+  done
+}
+
 # stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0);
 # fails (with the log's last lines) when fairseq-train fails
 stage_train() {
@@ -76,10 +88,17 @@ stage_train() {
   [ -f "$RUN/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $RUN/train.log"; return 1; }
 }
 
-# stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint
+# stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint; CONSTRAINTS=1 adds
+# fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons (translation_constrained unless TASK_ARGS
+# names a task)
 stage_generate() {
+  local constrain=()
+  if [ "${CONSTRAINTS:-0}" = 1 ]; then
+    constrain=(--constraints unordered --constraints-from cons)
+    [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
+  fi
   # shellcheck disable=SC2086
-  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS --gen-subset "$1" \
+  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
     --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }

@@ -17,6 +17,8 @@
 #       BPE_OPS=0: word level, words seen fewer than MIN_COUNT=2 times in train become <unk-N>
 #                  placeholders that copy models copy and stage 5 restores (default)
 #       BPE_OPS=4000: joint subword-nmt BPE instead (copy models then copy pieces)
+#       CONSTRAINTS=1: stages 5-6 decode with every source entity (as encoded: <ent-K>, or its words and <unk-N>)
+#                  as a constraint (--constraints unordered) into SPLIT.cons.out and SPLIT.cons.scores.json
 #       ENTITIES=1: whole-entity placeholders (word level only): stage 1 makes each subject and object one
 #                  source token <ent-K> and its mentions in the references that token
 #                  (python -m fairseq_knowgen.prep.webnlg --entity-placeholders; its match rate per split in
@@ -87,6 +89,8 @@ if stage 3; then
   fi
   # shellcheck disable=SC2046
   stage_binarize_extra "$DATA_BIN" src $(extra_splits)
+  # shellcheck disable=SC2046
+  stage_constraints entities "$DATA_BIN" src $(eval_splits)  # every source entity, as encoded (CONSTRAINTS=1)
 fi
 if stage 4; then
   echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
@@ -94,22 +98,22 @@ if stage 4; then
 fi
 if stage 5; then
   for split in $(eval_splits); do
-    echo "== stage 5: fairseq-generate --beam $BEAM on $split -> $RUN/$split.out"
-    stage_generate "$split" "$RUN/$split.gen"
+    echo "== stage 5: fairseq-generate --beam $BEAM on $split -> $RUN/$split$CONS.out"
+    stage_generate "$split" "$RUN/$split$CONS.gen"
     # <unk-N> -> source word N (a no-op with BPE), then <ent-K> -> the surface form of entity K (ENTITIES=1)
     entmap=$(entmap_of "$split")
-    $PY -m fairseq_knowgen.prep.placeholders restore --gen "$RUN/$split.gen" --src "$OUT/raw/$split.src" \
-      ${entmap:+--entmap "$entmap"} --out "$RUN/$split.out"
+    $PY -m fairseq_knowgen.prep.placeholders restore --gen "$RUN/$split$CONS.gen" --src "$OUT/raw/$split.src" \
+      ${entmap:+--entmap "$entmap"} --out "$RUN/$split$CONS.out"
   done
 fi
 if stage 6; then
   for split in $(eval_splits); do
-    echo "== stage 6: evaluate $split -> $RUN/$split.scores.json"
+    echo "== stage 6: evaluate $split -> $RUN/$split$CONS.scores.json"
     # copies are counted against the source with its entities (ENTITIES=1: .src has <ent-K>)
     src=$OUT/raw/$split.src
     [ ! -f "$OUT/raw/$split.lex.src" ] || src=$OUT/raw/$split.lex.src
-    $PY scripts/evaluate.py --hyp "$RUN/$split.out" --name "$NAME/$split" --refs "$OUT/raw/$split.refs.jsonl" \
-      --src "$src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \
-      --json-out "$RUN/$split.scores.json"
+    $PY scripts/evaluate.py --hyp "$RUN/$split$CONS.out" --name "$NAME/$split$CONS" \
+      --refs "$OUT/raw/$split.refs.jsonl" --src "$src" --entities "$OUT/raw/$split.entities" --detok moses --no-cider \
+      --json-out "$RUN/$split$CONS.scores.json"
   done
 fi

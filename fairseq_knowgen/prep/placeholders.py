@@ -63,6 +63,9 @@ from . import entities
 _PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
 
+MARKER = re.compile(r"^<(?!unk>)[A-Za-z]+>$")  # <S> <P> <O> <sep>: always in the vocabulary
+
+
 def placeholder(i: int) -> str:
     return f"<unk-{i}>"
 
@@ -76,6 +79,9 @@ def build_vocab(
     does not contain it (so it cannot be copied there), or in at least ``min_source_df``
     distinct source lines. Names seen with one or two inputs only are thus left out and
     become placeholders in training too, which is where a copy model learns to copy them.
+    Markers such as ``<S>``, ``<P>``, ``<O>``, ``<sep>`` (letters in angle brackets) are always
+    kept: they are structure, not words (with entity placeholders, many sources differ only
+    in their predicates, and a rare predicate set must not turn the markers into placeholders).
     """
     generated, source_df = Counter(), Counter()
     for s in set(src):
@@ -88,7 +94,8 @@ def build_vocab(
         if df >= min_source_df:
             score[w] = max(score[w], df)
     kept = score.most_common(max_size if max_size > 0 else None)
-    return Counter(dict(kept))
+    markers = {w: source_df[w] for w in source_df if MARKER.match(w)}
+    return Counter({**markers, **dict(kept)})
 
 
 def encode_pair(src: List[str], tgt: List[str], vocab, max_positions: int):

@@ -157,4 +157,124 @@ def test_entity_copy_hand_computed():
         ["Alan Bean went to Austin ."], [["Alan Bean", "UT Austin"]], [["Alan Bean studied at UT ."]]
     )
     assert out["entity_recall"] == pytest.approx(50.0)
+    assert out["entity_recall_exact"] == pytest.approx(50.0)
     assert out["entity_precision"] == pytest.approx(200 / 3)
+    assert out["entity_repeat_outputs"] == 0.0
+
+
+def test_entity_recall_finds_written_out_dates():
+    """A date entity written as English text is recalled by the matcher, not by the exact form.
+    Input 1: "Alan Bean" and 1932-03-15 (as restored from ``<ent-K>`` in the ``text`` surface);
+    input 2: 1932-03-15 as "15 March 1932". Matcher: 3 of 3; exact DBpedia form: only "Alan
+    Bean", 1 of 3."""
+    hyps = ["Alan Bean was born on March 15 , 1932 .", "He was born on 15 March 1932."]
+    ents = [["Alan Bean", "1932-03-15"], ["1932-03-15"]]
+    out = metrics.entity_copy(hyps, ents, [["x"], ["x"]])
+    assert out["entity_recall"] == pytest.approx(100.0)
+    assert out["entity_recall_exact"] == pytest.approx(100 / 3)
+    # the same output with the ISO form is found by both
+    iso = metrics.entity_copy(["Born 1932-03-15 ."], [["1932-03-15"]], [["x"]])
+    assert iso["entity_recall"] == iso["entity_recall_exact"] == pytest.approx(100.0)
+
+
+def test_entity_repeat_flags_output_with_a_twice_mentioned_entity():
+    """Output 1 names "Alan Shepard" twice (once in another case): flagged; output 2 names each
+    entity once: not flagged -> 1 of 2 outputs = 50%. Recall is unaffected (3 of 3)."""
+    hyps = ["Alan Shepard was born in New Hampshire . ALAN SHEPARD died .", "Alan Bean flew ."]
+    ents = [["Alan Shepard", "New Hampshire"], ["Alan Bean"]]
+    assert metrics.entity_mention_counts(hyps, ents) == [[2, 1], [1]]
+    out = metrics.entity_copy(hyps, ents, [["x"], ["x"]])
+    assert out["entity_repeat_outputs"] == pytest.approx(50.0)
+    assert out["entity_recall"] == pytest.approx(100.0)
+
+
+def test_nested_entities_are_not_counted_twice():
+    """Entities "Abilene, Texas" and "Texas". Output 1 says both once: the "Texas" inside
+    "Abilene, Texas" is part of that mention, so neither is repeated. Output 2 says only
+    "Abilene, Texas": one mention of it and none of "Texas" (as prep's upper bound counts it),
+    while the exact form finds "Texas" inside it. Recall 3 of 4, exact 4 of 4, no repeats."""
+    hyps = ["Abilene, Texas is part of Texas.", "Abilene, Texas is a city."]
+    ents = [["Abilene, Texas", "Texas"]] * 2
+    assert metrics.entity_mention_counts(hyps, ents) == [[1, 1], [1, 0]]
+    out = metrics.entity_copy(hyps, ents, [["x"], ["x"]])
+    assert out["entity_repeat_outputs"] == 0.0
+    assert out["entity_recall"] == pytest.approx(75.0)
+    assert out["entity_recall_exact"] == pytest.approx(100.0)
+
+
+def test_entity_recall_is_micro_averaged_over_entities():
+    """7 entities in 3 outputs, one ("Deceased") missing: recall 6/7 (not the mean of the
+    per-output shares, (1 + 2/3 + 1) / 3 = 8/9)."""
+    hyps = [
+        "Aarhus Airport serves Aarhus .",
+        "Alan Shepard was born in New Hampshire .",
+        "The runway of Adirondack Regional Airport is 2,702 metres long .",
+    ]
+    ents = [
+        ["Aarhus Airport", "Aarhus"],
+        ["Alan Shepard", "New Hampshire", "Deceased"],
+        ["Adirondack Regional Airport", "2702.0"],
+    ]
+    out = metrics.entity_copy(hyps, ents, [["x"]] * 3)
+    assert out["entity_recall"] == pytest.approx(600 / 7)
+    # exact form: "2702.0" is not in the output -> 5/7
+    assert out["entity_recall_exact"] == pytest.approx(500 / 7)
+    full = metrics.entity_copy(
+        hyps[:1] + ["Alan Shepard ( deceased ) was born in New Hampshire ."] + hyps[2:], ents, [["x"]] * 3
+    )
+    assert full["entity_recall"] - out["entity_recall"] == pytest.approx(100 / 7)
+
+
+def test_entity_recall_of_references_equals_prep_upper_bound(tmp_path):
+    """Scoring each reference as an output gives prep's ``entity_match_rate`` on the same texts:
+    the metric reads the cleaned entities of ``.entities``, prep the Moses-tokenized linearized
+    source, and both must find the same mentions."""
+    from fairseq_knowgen.prep import webnlg
+
+    entries = [
+        {
+            "category": "City",
+            "triples": [
+                ["Abilene,_Texas", "isPartOf", "Texas"],
+                ["Abilene,_Texas", "elevationAboveTheSeaLevel", '"524.0"^^xsd:double'],
+            ],
+            "texts": ["Abilene, Texas is part of Texas and lies 524 m above sea level.", "Abilene is in the U.S."],
+        },
+        {
+            "category": "Astronaut",
+            "triples": [
+                ["Alan_Bean", "birthDate", '"1932-03-15"^^xsd:date'],
+                ["Alan_Bean", "nationality", "United_States"],
+            ],
+            "texts": ["Alan Bean, born on March 15th, 1932, is from the US.", "US citizen Alan Bean was born in 1932."],
+        },
+    ]
+    stats = webnlg.write_split(str(tmp_path), "valid", entries, False, "text")
+    lines = (tmp_path / "valid.entities").read_text().splitlines()
+    hyps = [t for e in entries for t in e["texts"]]
+    ents = [x.split("|") for x, e in zip(lines, entries) for _ in e["texts"]]
+    out = metrics.entity_copy(hyps, ents, [["x"]] * len(hyps))
+    # by hand: reference 1 has all 3 entities, reference 2 only "Abilene" (Abilene, Texas);
+    # reference 3 all 3 ("US" for United States), reference 4 "Alan Bean" and "US" -> 9 of 12
+    assert stats["found"] == 9 and stats["mentions"] == 12
+    assert out["entity_recall"] == pytest.approx(75.0)
+
+
+def test_evaluate_cli_reports_entity_metrics(tmp_path):
+    """scripts/evaluate.py --entities on Moses-tokenized fairseq output (``--detok moses``):
+    output 1 has both entities once; output 2 misses "Texas" and says "Aarhus" twice ->
+    recall 3 of 4, repeats 1 of 2."""
+    import json
+
+    from fairseq_knowgen.evaluation import cli
+
+    hyp, refs, ents, out = (tmp_path / n for n in ("hyp.txt", "refs.jsonl", "ents.txt", "scores.json"))
+    hyp.write_text("Abilene , Texas is part of Texas .\nAarhus is in Aarhus .\n")
+    refs.write_text(json.dumps(["Abilene, Texas is in Texas."]) + "\n" + json.dumps(["Aarhus is in Denmark."]) + "\n")
+    ents.write_text("Abilene, Texas|Texas\nAarhus|Denmark\n")
+    args = ["--hyp", str(hyp), "--name", "sys", "--refs", str(refs), "--entities", str(ents)]
+    assert cli.main(args + ["--detok", "moses", "--no-cider", "--json-out", str(out)]) == 0
+    row = json.loads(out.read_text())["sys"]
+    assert row["entity_recall"] == pytest.approx(75.0)
+    assert row["entity_recall_exact"] == pytest.approx(75.0)
+    assert row["entity_repeat_outputs"] == pytest.approx(50.0)

@@ -9,6 +9,10 @@ report see the same tokens. Well-kept libraries do the work wherever one exists:
 - ROUGE-L: ``rouge_score`` (F-measure, best reference per input, averaged);
 - CIDEr-D: ``pycocoevalcap`` (the COCO caption implementation, which is CIDEr-D);
 - lemmas for concept coverage: ``simplemma``.
+
+Entity mentions (WebNLG) are found by the matcher of the whole-entity placeholders
+(:class:`fairseq_knowgen.prep.entities.EntityMatcher`), so that ``entity_recall`` of an output
+and prep's ``entity_match_rate`` of a reference count the same way.
 """
 
 import math
@@ -165,30 +169,71 @@ def coverage_entropy(coverage: Sequence[float], eps: float = 1e-12) -> Optional[
     return -sum(p * math.log(p) for p in ps)
 
 
+def entity_mention_counts(hyps: Sequence[str], entities: Sequence[Sequence[str]]) -> List[List[int]]:
+    """Per output, the number of mentions of each of its source entities.
+
+    A thin adapter over the matcher that ``prep.webnlg --entity-placeholders`` uses on the
+    references (:class:`fairseq_knowgen.prep.entities.EntityMatcher`, default ``text`` style), so
+    that this count and the placeholder upper bound ``entity_match_rate`` agree: the entities (the
+    cleaned DBpedia forms of the ``.entities`` file) and the output are Moses-tokenized as prep
+    tokenizes them, and mentions are found ignoring case, accents and punctuation, with the
+    matcher's variants (no disambiguating parenthesis, numbers without ``.0`` and with or without
+    their unit, dates in the usual English forms, ``Austin`` for ``Austin, Texas``, ``English`` for
+    ``English language``, case-sensitive initials). Mentions never overlap and the longest is
+    taken first, so ``Texas`` inside a mention of ``Abilene, Texas`` is no mention of ``Texas``.
+    An entity listed twice for one input is counted once (both positions get the same count).
+    """
+    from ..prep.common import moses_tokenize
+    from ..prep.entities import EntityMatcher
+
+    _check_aligned(hyps, entities, "entity lists")
+    out = []
+    for h, ents in zip(hyps, entities):
+        forms = [moses_tokenize(e, lowercase=False) for e in ents]
+        unique = list(dict.fromkeys(forms))
+        counts = [0] * len(unique)
+        for _, _, k in EntityMatcher(unique).find(moses_tokenize(h, lowercase=False).split()):
+            counts[k] += 1
+        out.append([counts[unique.index(f)] for f in forms])
+    return out
+
+
 def entity_copy(
     hyps: Sequence[str], entities: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]
 ) -> Dict[str, float]:
     """Entity copying (0-100), for data-to-text inputs with named entities (WebNLG).
 
-    - ``entity_recall``: share of source entities whose whole token sequence occurs in the
-      output (micro-averaged over all entities);
-    - ``entity_precision``: of the output word types that belong to some source entity
-      ("copied entity words"), the share that also occur in a reference (correct copies).
+    - ``entity_recall``: share of source entities mentioned at least once in the output, as
+      :func:`entity_mention_counts` finds mentions (micro-averaged over all entities of all
+      inputs): the output-side counterpart of prep's ``entity_match_rate``;
+    - ``entity_recall_exact``: share of source entities whose whole :func:`tokenize` token
+      sequence (the cleaned DBpedia form, e.g. ``1932 - 03 - 15``) occurs in the output, the
+      metric of earlier tables (micro-averaged); a nested entity counts even inside a longer one;
+    - ``entity_repeat_outputs``: share of outputs that mention some source entity twice or more
+      (non-overlapping mentions, longest first; inputs without entities count as not repeating);
+    - ``entity_precision``: per input, the output word types (:func:`tokenize`, punctuation
+      dropped) that occur in some source entity of the input ("copied entity words"); the
+      share of them that also occur in some reference of the input, summed over inputs
+      (sum of hits / sum of copied words).
     """
     _check_aligned(hyps, entities, "entity lists")
     _check_aligned(hyps, refs, "reference lists")
-    found = total = hit = copied = 0
-    for h, ents, rs in zip(hyps, entities, refs):
-        toks = tokenize(h)
-        text = " " + " ".join(toks) + " "
-        for e in ents:
+    mentions = entity_mention_counts(hyps, entities)
+    found = exact = total = repeating = hit = copied = 0
+    for h, ents, rs, counts in zip(hyps, entities, refs, mentions):
+        text = " " + " ".join(tokenize(h)) + " "
+        for e, c in zip(ents, counts):
             total += 1
-            found += (" " + " ".join(tokenize(e)) + " ") in text
+            found += c > 0
+            exact += (" " + " ".join(tokenize(e)) + " ") in text
+        repeating += any(c >= 2 for c in counts)
         ent_words = set().union(*(_words(e) for e in ents)) if ents else set()
         c = _words(h) & ent_words
         hit += len(c & set().union(*(_words(r) for r in rs)))
         copied += len(c)
     return {
         "entity_recall": 100.0 * found / total if total else 0.0,
+        "entity_recall_exact": 100.0 * exact / total if total else 0.0,
         "entity_precision": 100.0 * hit / copied if copied else 0.0,
+        "entity_repeat_outputs": 100.0 * repeating / len(hyps) if hyps else 0.0,
     }

@@ -120,8 +120,15 @@ class TwoRanks:
     def log(self, rank):
         return (self.tmp_path / f"rank{rank}.log").read_text()
 
-    def leftovers(self):
-        return {p.pid: group_members(p.pid) for p in self.procs if group_members(p.pid)}
+    def leftovers(self, grace=10.0):
+        """Processes still alive in the ranks' groups after ``grace`` seconds (a killed process
+        takes a moment to go, longer on a loaded machine)."""
+        deadline = time.monotonic() + grace
+        while True:
+            alive = {p.pid: group_members(p.pid) for p in self.procs if group_members(p.pid)}
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
 
 
 ARCHS = {

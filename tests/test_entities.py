@@ -231,22 +231,22 @@ def test_dictionary_keeps_every_entity_token_and_restore_puts_both_back(tmp_path
     assert len(words) == len(set(words))
     assert [w for w in words if w.startswith("<ent-")] == ["<ent-0>", "<ent-1>", "<ent-2>", "<ent-3>"]
     # train has one distinct source (< --min-source-df 5), and only "was" and "." are generated (not in the
-    # source), so every other word is rare. valid.src positions: 0 <S> 1 <ent-0> 2 <P> 3 born 4 in 5 <O>
-    # 6 <ent-1> 7 <S> 8 <ent-0> 9 <P> 10 likes 11 <O> 12 <ent-3>
+    # source), so every other word but the markers <S> <P> <O> (always kept) is rare. valid.src positions:
+    # 0 <S> 1 <ent-0> 2 <P> 3 born 4 in 5 <O> 6 <ent-1> 7 <S> 8 <ent-0> 9 <P> 10 likes 11 <O> 12 <ent-3>
     assert (out / "valid.src").read_text().split() == [
-        "<unk-0>", "<ent-0>", "<unk-2>", "<unk-3>", "<unk-4>", "<unk-5>", "<ent-1>",
-        "<unk-0>", "<ent-0>", "<unk-2>", "<unk-10>", "<unk-5>", "<ent-3>",
+        "<S>", "<ent-0>", "<P>", "<unk-3>", "<unk-4>", "<O>", "<ent-1>",
+        "<S>", "<ent-0>", "<P>", "<unk-10>", "<O>", "<ent-3>",
     ]  # fmt: skip
     assert (out / "valid.tgt").read_text().split() == ["<ent-0>", "<unk-10>", "<ent-3>", "<unk>", "<unk>", "."]
 
     # restore: <unk-N> from the delexicalized source, then <ent-K> from the entity map; other lines pass
     (raw / "valid.entmap").write_text(json.dumps(["Alan Bean", "Abilene , Texas", "NASA", "Arròs negre"]) + "\n")
     gen = tmp_path / "valid.gen"
-    gen.write_text("S-0\t<unk-0> <ent-0>\nH-0\t-0.5\t<ent-0> <unk-10> <ent-3> .\nD-0\t-0.5\t<ent-1> <ent-9>\n")
+    gen.write_text("S-0\t<S> <ent-0>\nH-0\t-0.5\t<ent-0> <unk-10> <ent-3> .\nD-0\t-0.5\t<ent-1> <ent-9>\n")
     placeholders.main(["restore", "--gen", str(gen), "--src", str(raw / "valid.src"), "--entmap",
                        str(raw / "valid.entmap"), "--out", str(tmp_path / "valid.out")])  # fmt: skip
     assert (tmp_path / "valid.out").read_text().splitlines() == [
-        "S-0\t<unk-0> <ent-0>",
+        "S-0\t<S> <ent-0>",
         "H-0\t-0.5\tAlan Bean likes Arròs negre .",
         "D-0\t-0.5\tAbilene , Texas <ent-9>",
     ]

@@ -94,7 +94,8 @@ stage_train() {
 stage_generate() {
   local constrain=()
   if [ "${CONSTRAINTS:-0}" = 1 ]; then
-    constrain=(--constraints unordered --constraints-from cons)
+    # a constraint with a token outside the dictionary (a BPE piece only dev has) cannot be generated: dropped
+    constrain=(--constraints unordered --constraints-from cons --constraints-unk drop)
     [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
   fi
   # shellcheck disable=SC2086

@@ -69,18 +69,26 @@ def run_cli(tool, *args, check=True, timeout=600, env=None):
     return proc
 
 
-def preprocess(raw, out, *splits):
-    """fairseq-preprocess RAW/SPLIT.{src,tgt} into OUT with a joined dictionary."""
+def preprocess(raw, out, *splits, dictionary="joined"):
+    """fairseq-preprocess RAW/SPLIT.{src,tgt} (splits: train, valid, test prefixes) into OUT;
+    ``dictionary``: ``"joined"`` (one dictionary built from the data), ``"separate"`` (one per
+    side), or the path of a dictionary file used for both sides."""
     prefixes = []
     for flag, split in zip(("--trainpref", "--validpref", "--testpref"), splits):
         prefixes += [flag, raw / split]
+    if dictionary == "joined":
+        dict_args = ["--joined-dictionary"]
+    elif dictionary == "separate":
+        dict_args = []
+    else:
+        dict_args = ["--srcdict", dictionary, "--tgtdict", dictionary]
     run_cli(
         "fairseq-preprocess",
         "--source-lang",
         "src",
         "--target-lang",
         "tgt",
-        "--joined-dictionary",
+        *dict_args,
         *prefixes,
         "--destdir",
         out,
@@ -171,25 +179,5 @@ def word_level_bin(tiny_raw, tmp_path_factory):
         "--max-positions",
         "40",
     )
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--srcdict",
-        out / "text" / "dict.txt",
-        "--tgtdict",
-        out / "text" / "dict.txt",
-        "--trainpref",
-        out / "text" / "train",
-        "--validpref",
-        out / "text" / "valid",
-        "--testpref",
-        out / "text" / "test",
-        "--destdir",
-        out / "bin",
-        "--workers",
-        "1",
-    )
+    preprocess(out / "text", out / "bin", "train", "valid", "test", dictionary=out / "text" / "dict.txt")
     return out

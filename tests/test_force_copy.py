@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TRAIN_COMMON, run_cli
+from conftest import TINY_MODEL, TRAIN_COMMON, preprocess, run_cli
 
 from fairseq_knowgen.criterions.force_copy import ForceCopyCriterion, force_copy_terms, switch_loss
 from fairseq_knowgen.modules.copy_generator import CopyGenerator
@@ -503,21 +503,7 @@ def test_unk_is_never_a_copy_target(tiny_bin):
 def test_separate_dictionaries_are_refused(tiny_raw, tmp_path):
     from helpers import build_task_and_model
 
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--trainpref",
-        tiny_raw / "train",
-        "--validpref",
-        tiny_raw / "valid",
-        "--destdir",
-        tmp_path,
-        "--workers",
-        "1",
-    )
+    preprocess(tiny_raw, tmp_path, "train", "valid", dictionary="separate")
     assert (tmp_path / "dict.src.txt").read_text() != (tmp_path / "dict.tgt.txt").read_text()
     with pytest.raises(ValueError, match="needs one dictionary for source and target") as err:
         build_task_and_model(tmp_path, "copy_transformer", *TINY_MODEL)

@@ -2,7 +2,7 @@
 
 import json
 import os
-from typing import Iterable, List
+from typing import Iterable, List, Sequence
 
 from ..textio import atomic_write
 
@@ -34,3 +34,14 @@ def write_jsonl(path: str, items: Iterable[List[str]]):
 def ensure_dir(path: str) -> str:
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def replace_numbered(hyp: str, pattern, values: Sequence[str]) -> str:
+    """Replace each token of ``hyp`` that ``pattern`` matches (group 1: an index N) by
+    ``values[N]``; a token whose N is out of range is left as it is. Restores the ``<unk-N>``
+    and ``<ent-K>`` placeholders."""
+    out = []
+    for w in hyp.split():
+        m = pattern.match(w)
+        out.append(values[int(m.group(1))] if m and int(m.group(1)) < len(values) else w)
+    return " ".join(out)

@@ -54,6 +54,7 @@ import unicodedata
 from typing import Dict, List, Sequence, Set, Tuple
 
 from ..textio import DataError, atomic_write, cli_entry, read_lines
+from .common import replace_numbered
 
 ENTITY_TOKEN = re.compile(r"^<ent-(\d+)>$")
 MARKERS = ("<S>", "<P>", "<O>")
@@ -347,11 +348,7 @@ class EntityMatcher:
 
 def restore(hyp: str, surfaces: Sequence[str]) -> str:
     """Replace ``<ent-K>`` by ``surfaces[K]`` (left as is when the line has no entity K)."""
-    out = []
-    for w in hyp.split():
-        m = ENTITY_TOKEN.match(w)
-        out.append(surfaces[int(m.group(1))] if m and int(m.group(1)) < len(surfaces) else w)
-    return " ".join(out)
+    return replace_numbered(hyp, ENTITY_TOKEN, surfaces)
 
 
 def read_entmap(path: str) -> List[List[str]]:

@@ -59,6 +59,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 
 from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
 from . import entities
+from .common import replace_numbered
 
 _PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
@@ -118,11 +119,7 @@ def encode_pair(src: List[str], tgt: List[str], vocab, max_positions: int):
 
 def restore(hyp: str, src_words: List[str]) -> str:
     """Replace ``<unk-N>`` by source word N (left as is if the source is shorter)."""
-    out = []
-    for w in hyp.split():
-        m = _PLACEHOLDER.match(w)
-        out.append(src_words[int(m.group(1))] if m and int(m.group(1)) < len(src_words) else w)
-    return " ".join(out)
+    return replace_numbered(hyp, _PLACEHOLDER, src_words)
 
 
 def encode_source(src: List[str], vocab, max_positions: int) -> List[str]:

@@ -6,7 +6,19 @@ that a slow period of the machine hits both, with one thread each (``OMP_NUM_THR
 Reported ratios are arch / baseline: 1.0 is parity, higher is faster.
 
 Every architecture of this package has a :data:`PROFILES` entry with the task, criterion
-and extra arguments it needs, so ``--arch NAME`` alone is enough.
+and extra arguments it needs, so ``--arch NAME`` alone is enough. A profile may also name
+
+- ``data``: ``"triples"`` / ``"eki"`` (the built-in synthetic sets) or ``"module:function"``, a
+  function ``(workdir, n_train, n_valid)`` returning the binarized data directory, or a pair
+  ``(data_dir, {"arch": [...], "baseline": [...]})`` with extra arguments for each side (a frozen
+  LM's checkpoint path, say);
+- ``sizes``: which size flags ``--layers/--embed-dim/--heads`` become: ``"seq2seq"`` (encoder and
+  decoder, the default), ``"encoder"``, ``"decoder"`` or ``"none"`` (the arch takes its sizes from
+  a checkpoint);
+- ``baseline``: the model the ratios are against (default: fairseq's ``transformer`` on the same
+  data); an encoder-only arch compares with itself without the feature under test, a language
+  model with a plain ``transformer_lm``;
+- ``generate``: ``False`` for models without a decoder (only the training ratio is reported).
 """
 
 import json
@@ -47,17 +59,39 @@ PROFILES: Dict[str, Dict] = {
         "data": "eki",
     },
 }
-# the baseline trains on the same data as the arch (for EKI: the concatenated inputs)
-BASELINE_PROFILE = {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []}
+# the default baseline trains on the same data as the arch (for EKI: the concatenated inputs)
+BASELINE_PROFILE = {
+    "arch": BASELINE,
+    "task": "translation",
+    "criterion": "label_smoothed_cross_entropy",
+    "extra": [],
+}
+SIDES = {"seq2seq": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",), "none": ()}
 
 
-def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4) -> List[str]:
-    """Model-size flags, the same for encoder and decoder (ffn = ffn_mult x dim)."""
+def baseline_profile(arch: str) -> Dict:
+    """The profile the ratios of ``arch`` are measured against."""
+    return PROFILES[arch].get("baseline", BASELINE_PROFILE)
+
+
+def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4, sizes: str = "seq2seq") -> List[str]:
+    """Model-size flags for the ``sizes`` sides of a profile (ffn = ffn_mult x dim)."""
     flags = []
-    for side in ("encoder", "decoder"):
+    for side in SIDES[sizes]:
         flags += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(dim)]
         flags += [f"--{side}-ffn-embed-dim", str(ffn_mult * dim), f"--{side}-attention-heads", str(heads)]
     return flags
+
+
+def make_data(kind: str, workdir: str, n_train: int, n_valid: int):
+    """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry."""
+    if ":" not in kind:
+        return make_synthetic_data(workdir, n_train, n_valid, kind), {}
+    import importlib
+
+    module, func = kind.split(":")
+    out = getattr(importlib.import_module(module), func)(workdir, n_train, n_valid)
+    return out if isinstance(out, tuple) else (out, {})
 
 
 def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples") -> str:
@@ -112,7 +146,10 @@ def worker(
     gen_len: int = 20,
     baseline: bool = False,
 ) -> Dict:
-    """Train ``updates`` steps and decode ``gen_sents`` valid sentences; return timings."""
+    """Train ``arch`` (its profile's baseline when ``baseline``) ``updates`` steps and decode
+    ``gen_sents`` valid sentences (unless the profile says ``generate: False``); return timings.
+    Training goes through ``task.train_step``, so tasks that update more than one module per
+    step (a discriminator) are timed whole."""
     import torch
 
     torch.set_num_threads(1)
@@ -121,7 +158,7 @@ def worker(
 
     import fairseq_knowgen  # noqa: F401
 
-    prof = BASELINE_PROFILE if baseline else PROFILES[arch]
+    prof = baseline_profile(arch) if baseline else PROFILES[arch]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
@@ -130,7 +167,7 @@ def worker(
             "--task",
             prof["task"],
             "--arch",
-            arch,
+            prof.get("arch", arch),
             "--criterion",
             prof["criterion"],
             "--cpu",
@@ -146,26 +183,39 @@ def worker(
     task.load_dataset("train")
     task.load_dataset("valid")
     model, criterion = task.build_model(args), task.build_criterion(args)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    class Backward:  # the one optimizer method task.train_step calls
+        @staticmethod
+        def backward(loss):
+            loss.backward()
+
     batches = task.get_batch_iterator(
         task.dataset("train"), max_tokens=max_tokens, seed=1, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=True)
     batches = list(batches)
 
-    def step(sample):
-        loss, _, _ = criterion(model, sample)
-        loss.backward()
+    def step(sample, update_num):
+        task.train_step(sample, model, criterion, Backward, update_num)
         opt.step()
         opt.zero_grad()
         return sample["ntokens"]
 
     model.train()
     for i in range(3):  # warm-up, not timed
-        step(batches[i % len(batches)])
+        step(batches[i % len(batches)], i)
     words, t0 = 0, time.perf_counter()
     for i in range(updates):
-        words += step(batches[(i + 3) % len(batches)])
+        words += step(batches[(i + 3) % len(batches)], i + 3)
     train_s = time.perf_counter() - t0
+    result = {
+        "arch": prof.get("arch", arch),
+        "train_words": words,
+        "train_s": train_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if not prof.get("generate", True):
+        return result
 
     model.eval()
     # an untrained model would stop at once: fix the output length so both models decode
@@ -187,17 +237,12 @@ def worker(
             task.inference_step(generator, [model], b)
             sents += b["nsentences"]
         gen_s = time.perf_counter() - t0
-    return {
-        "arch": arch,
-        "train_words": words,
-        "train_s": train_s,
-        "gen_sents": sents,
-        "gen_s": gen_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    result.update(gen_sents=sents, gen_s=gen_s)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
 
 
-def run_worker_process(script: str, arch: str, opts) -> Dict:
+def run_worker_process(script: str, baseline: bool, opts) -> Dict:
     cmd = [
         sys.executable,
         script,
@@ -225,12 +270,16 @@ def run_worker_process(script: str, arch: str, opts) -> Dict:
     ]
     if opts.model_args:
         cmd += ["--model-args", opts.model_args]
-    if arch == BASELINE:
+    if opts.data_args:
+        cmd += ["--data-args", json.dumps(opts.data_args)]
+    if baseline:
         cmd += ["--baseline"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark worker for {arch} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"benchmark worker ({'baseline of ' if baseline else ''}{opts.arch}) failed:\n{proc.stderr[-4000:]}"
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -239,24 +288,25 @@ def compare(script: str, opts) -> Dict:
     own_tmp = None
     if not opts.data:
         own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
-        opts.data = make_synthetic_data(
-            own_tmp.name, opts.n_train, opts.n_valid, PROFILES[opts.arch].get("data", "triples")
+        opts.data, opts.data_args = make_data(
+            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid
         )
     runs = {"arch": [], "base": []}
     order = []
     for r in range(opts.rounds):
         order += ["arch", "base"] if r % 2 == 0 else ["base", "arch"]
     for role in order:
-        res = run_worker_process(script, opts.arch if role == "arch" else BASELINE, opts)
+        res = run_worker_process(script, role == "base", opts)
         runs[role].append(res)
         print(json.dumps(res), file=sys.stderr)
     if own_tmp is not None:
         own_tmp.cleanup()
 
     def rates(rs):
+        gen = [r for r in rs if "gen_s" in r]
         return (
             sum(r["train_words"] for r in rs) / sum(r["train_s"] for r in rs),
-            sum(r["gen_sents"] for r in rs) / sum(r["gen_s"] for r in rs),
+            sum(r["gen_sents"] for r in gen) / sum(r["gen_s"] for r in gen) if gen else None,
             max(r["peak_rss_mb"] for r in rs),
         )
 
@@ -264,8 +314,9 @@ def compare(script: str, opts) -> Dict:
     b_wps, b_sps, b_rss = rates(runs["base"])
     return {
         "arch": opts.arch,
+        "baseline": baseline_profile(opts.arch).get("arch", BASELINE),
         "train_wps_ratio": round(a_wps / b_wps, 4),
-        "generate_sents_per_s_ratio": round(a_sps / b_sps, 4),
+        "generate_sents_per_s_ratio": round(a_sps / b_sps, 4) if a_sps and b_sps else None,
         "peak_rss_mb": round(a_rss, 1),
         "baseline_peak_rss_mb": round(b_rss, 1),
         "train_wps": round(a_wps, 1),

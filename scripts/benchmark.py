@@ -42,6 +42,7 @@ def get_parser():
     p.add_argument("--n-train", type=int, default=2000, help="synthetic training examples")
     p.add_argument("--n-valid", type=int, default=200, help="synthetic valid examples")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--data-args", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -51,13 +52,15 @@ def main():
     if opts.quick:
         opts.updates, opts.gen_sents, opts.n_train, opts.n_valid = 20, 256, 600, 256
     opts.rounds = opts.rounds or (2 if opts.quick else 4)
-    model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads)
+    opts.data_args = json.loads(opts.data_args)
     if opts.worker:
-        arch = benchmarking.BASELINE if opts.baseline else opts.arch
+        prof = benchmarking.baseline_profile(opts.arch) if opts.baseline else benchmarking.PROFILES[opts.arch]
+        model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
+        model_args += opts.data_args.get("baseline" if opts.baseline else "arch", [])
         if not opts.baseline:
             model_args += shlex.split(opts.model_args)
         res = benchmarking.worker(
-            arch,
+            opts.arch,
             opts.data,
             model_args,
             opts.updates,

@@ -19,12 +19,16 @@ OUR_ARCHS = {
     "eki_transformer": "EKITransformerModel",
     "eki_bart_base": "EKIBARTModel",
     "eki_bart_large": "EKIBARTModel",
+    "kbert_base": "KBertModel",
+    "kbert_small": "KBertModel",
 }
 OUR_CRITERIONS = {
     "force_copy": "ForceCopyCriterion",
     "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
+    "kbert_tagging": "KBertTaggingCriterion",
 }
 OUR_TASKS = {"eki_generation": "EKIGenerationTask", "translation_constrained": "TranslationConstrainedTask"}
+OUR_TASKS.update({"kbert_classification": "KBertClassificationTask", "kbert_tagging": "KBertTaggingTask"})
 
 
 @pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))

@@ -1,3 +1,4 @@
 """Models of fairseq-knowgen; importing this package registers them with fairseq."""
 
 from . import copy_transformer, dimattn, eki  # noqa: F401
+from . import kbert  # noqa: F401  (K-BERT)

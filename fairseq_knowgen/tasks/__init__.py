@@ -1,3 +1,4 @@
 """Tasks of fairseq-knowgen (imported for registration)."""
 
 from . import eki_generation, translation_constrained  # noqa: F401
+from . import kbert  # noqa: F401  (K-BERT)

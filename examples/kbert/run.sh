@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# K-BERT (Liu et al., 2020) on book_review (sentence classification, HowNet.spo) and medical_ner (character BIO
+# tagging, Medical.spo), from the raw TSVs. Staged recipe; rerun from any stage.
+#
+#   bash examples/kbert/run.sh TASK [DATA_DIR] [OUT_DIR]
+#       TASK:     book_review | medical_ner
+#       DATA_DIR: the K-BERT data folder with TASK/{train,dev[,test]}.tsv and kgs/*.spo (default ../shared/data/kbert)
+#       OUT_DIR:  everything this recipe writes (default work/kbert-TASK)
+#   Stages (STAGE=1 STOP_STAGE=5 select them):
+#       1 prepare: $OUT/data (checked TSVs, dict.txt, labels.txt), $OUT/kg/{full,control}.spo (control: objects
+#         shuffled among subjects, seed 1), $OUT/mlm-bin (the training sentences for stage 2)
+#       2 pretrain a character-level masked LM (fairseq's masked_lm task, roberta arch of the K-BERT sizes) on the
+#         task's own training text for MLM_UPDATE updates -> $OUT/mlm/checkpoints/checkpoint_best.pt
+#       3 fine-tune K-BERT from it -> $OUT/runs/$NAME (checkpoint_best.pt picked on dev accuracy)
+#       4 predict + score every evaluation split (valid [test]) -> $OUT/runs/$NAME/SPLIT.{pred,scores.json}
+#       5 floors: book_review TF-IDF + logistic regression, medical_ner dictionary tagger -> $OUT/floors/
+#   Environment (all optional):
+#       NAME=kbert  KG=full|none|control  ARCH=kbert_small  ARCH_ARGS=""  (e.g. --no-visible-matrix,
+#           --no-soft-positions: the paper's ablations)   SEED=1
+#       LAYERS=4 DIM=256 HEADS=4   encoder size, the same in stages 2 and 3 (ffn 4*DIM)
+#       MAX_POSITIONS=256  longest sentence tree (branches are dropped first, then the sentence's tail)
+#       MAX_UPDATE=2000 MINUTES=60 LR=2e-4 BATCH=32 VALID_EVERY=200   fine-tuning budget (dev every VALID_EVERY updates)
+#       MLM_UPDATE=3000 MLM_MINUTES=20 MLM_LR=5e-4   stage 2 budget
+#       PRETRAINED=$OUT/mlm/checkpoints/checkpoint_best.pt   (none: fine-tune from scratch; a path: any fairseq
+#           RoBERTa/masked_lm checkpoint on $OUT/data/dict.txt of the same sizes, e.g. on a GPU machine)
+#       TASK_ARGS=""  more task flags (--kg-max-entities N, --kg-inject object|predicate-object)   TRAIN_ARGS=""
+#   Examples:
+#       bash examples/kbert/run.sh medical_ner                                         # everything, full K-BERT
+#       NAME=nokg KG=none STAGE=3 bash examples/kbert/run.sh medical_ner
+#       NAME=novm ARCH_ARGS=--no-visible-matrix STAGE=3 bash examples/kbert/run.sh medical_ner
+#       NAME=kbert-s2 SEED=2 STAGE=3 bash examples/kbert/run.sh medical_ner
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TASK=${1:?usage: bash examples/kbert/run.sh book_review|medical_ner [DATA_DIR] [OUT_DIR]}
+DATA=$(realpath -m "${2:-$ROOT/../shared/data/kbert}")
+OUT=$(realpath -m "${3:-$ROOT/work/kbert-$TASK}")
+STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-5}
+NAME=${NAME:-kbert}; KG=${KG:-full}; ARCH=${ARCH:-kbert_small}; ARCH_ARGS=${ARCH_ARGS:-}; SEED=${SEED:-1}
+LAYERS=${LAYERS:-4}; DIM=${DIM:-256}; HEADS=${HEADS:-4}; MAX_POSITIONS=${MAX_POSITIONS:-256}
+MAX_UPDATE=${MAX_UPDATE:-2000}; MINUTES=${MINUTES:-60}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
+VALID_EVERY=${VALID_EVERY:-200}
+MLM_UPDATE=${MLM_UPDATE:-3000}; MLM_MINUTES=${MLM_MINUTES:-20}; MLM_LR=${MLM_LR:-5e-4}
+PRETRAINED=${PRETRAINED:-$OUT/mlm/checkpoints/checkpoint_best.pt}
+TASK_ARGS=${TASK_ARGS:-}; TRAIN_ARGS=${TRAIN_ARGS:-}
+case $TASK in
+  book_review) KG_FILE=HowNet.spo; FS_TASK=kbert_classification; CRITERION=sentence_prediction; TAGGING="" ;;
+  medical_ner) KG_FILE=Medical.spo; FS_TASK=kbert_tagging; CRITERION=kbert_tagging; TAGGING=--tagging ;;
+  *) echo "TASK must be book_review or medical_ner, not '$TASK'"; exit 2 ;;
+esac
+case $KG in full|control) KG_ARGS="--kg $OUT/kg/$KG.spo" ;; none) KG_ARGS="" ;;
+  *) echo "KG must be full, none or control"; exit 2 ;; esac
+cd "$ROOT"
+bash scripts/setup_env.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+PY=$ROOT/.venv/bin/python
+BIN=$ROOT/.venv/bin
+DEVICE_ARGS=$([ -n "$(command -v nvidia-smi)" ] || echo --cpu)
+RUN=$OUT/runs/$NAME
+hours() { $PY -c "print($1 / 60)"; }
+stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
+require_stage1() { [ -f "$OUT/data/eval_splits" ] || { echo "$OUT/data/eval_splits is missing: run stage 1 first"; exit 2; }; }
+# train_or_fail LOG ARGS...: fairseq-train with its log in LOG; a crash (or no checkpoint_best.pt) fails the stage
+train_or_fail() {
+  local log=$1 dir; shift
+  dir=$(dirname "$log")/checkpoints
+  rm -f "$dir/checkpoint_best.pt"  # an older best checkpoint must not pass for this run's
+  if ! $BIN/fairseq-train "$@" --save-dir "$dir" --user-dir fairseq_knowgen --no-epoch-checkpoints \
+      --no-progress-bar --log-interval 50 --required-batch-size-multiple 1 $DEVICE_ARGS 2>&1 | tee "$log" \
+      | { grep -E "\| (train|valid) \|" || true; }; then
+    echo "fairseq-train failed; the last lines of $log:"; tail -n 20 "$log"; return 1
+  fi
+  [ -f "$dir/checkpoint_best.pt" ] || { echo "no checkpoint: see $log"; return 1; }
+}
+mkdir -p "$OUT"
+
+if stage 1; then
+  echo "== stage 1: prepare $DATA/$TASK + kgs/$KG_FILE -> $OUT/{data,kg,mlm,mlm-bin}"
+  $PY -m fairseq_knowgen.prep.kbert --data "$DATA/$TASK" --kg "$DATA/kgs/$KG_FILE" --out "$OUT" $TAGGING
+  rm -rf "$OUT/mlm-bin"
+  $BIN/fairseq-preprocess --only-source --srcdict "$OUT/data/dict.txt" --trainpref "$OUT/mlm/train.txt" \
+    --validpref "$OUT/mlm/valid.txt" --destdir "$OUT/mlm-bin" --workers 1 > "$OUT/mlm-bin.log" 2>&1 \
+    || { echo "fairseq-preprocess failed: see $OUT/mlm-bin.log"; exit 1; }
+fi
+[ "$STOP_STAGE" -lt 2 ] || require_stage1
+if stage 2; then
+  echo "== stage 2: character-level masked LM (roberta, $LAYERS x $DIM, $MLM_UPDATE updates / $MLM_MINUTES min) -> $OUT/mlm"
+  mkdir -p "$OUT/mlm"
+  # shellcheck disable=SC2086
+  train_or_fail "$OUT/mlm/train.log" "$OUT/mlm-bin" --task masked_lm --criterion masked_lm --arch roberta \
+    --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim $((4 * DIM)) \
+    --encoder-attention-heads "$HEADS" --max-positions "$MAX_POSITIONS" --tokens-per-sample "$MAX_POSITIONS" \
+    --sample-break-mode none --dropout 0.1 --attention-dropout 0.1 --seed "$SEED" \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$MLM_LR" \
+    --lr-scheduler polynomial_decay --warmup-updates $((MLM_UPDATE / 10)) --total-num-update "$MLM_UPDATE" \
+    --max-update "$MLM_UPDATE" --stop-time-hours "$(hours "$MLM_MINUTES")" --batch-size 32 \
+    --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1 $TRAIN_ARGS
+fi
+if stage 3; then
+  init=()
+  [ "$PRETRAINED" = none ] || init=(--kbert-pretrained "$PRETRAINED")
+  echo "== stage 3: fine-tune $NAME (--arch $ARCH $ARCH_ARGS, KG=$KG, seed $SEED, from ${PRETRAINED}) -> $RUN"
+  mkdir -p "$RUN"
+  # shellcheck disable=SC2086
+  train_or_fail "$RUN/train.log" "$OUT/data" --task "$FS_TASK" $KG_ARGS --max-positions "$MAX_POSITIONS" $TASK_ARGS \
+    --arch "$ARCH" --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim $((4 * DIM)) \
+    --encoder-attention-heads "$HEADS" "${init[@]}" $ARCH_ARGS --criterion "$CRITERION" --seed "$SEED" \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$LR" \
+    --lr-scheduler polynomial_decay --warmup-updates $((MAX_UPDATE / 10)) --total-num-update "$MAX_UPDATE" \
+    --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --batch-size "$BATCH" \
+    --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" --keep-interval-updates 1 \
+    --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric $TRAIN_ARGS
+fi
+if stage 4; then
+  for split in $(cat "$OUT/data/eval_splits"); do
+    echo "== stage 4: predict + score $split -> $RUN/$split.scores.json"
+    $PY -m fairseq_knowgen.evaluation.kbert_score --data "$OUT/data" --split "$split" --name "$NAME" \
+      --path "$RUN/checkpoints/checkpoint_best.pt" --pred "$RUN/$split.pred" --json-out "$RUN/$split.scores.json" \
+      2> "$RUN/$split.score.log" || { echo "scoring failed: see $RUN/$split.score.log"; exit 1; }
+  done
+fi
+if stage 5; then
+  mkdir -p "$OUT/floors"
+  for split in $(cat "$OUT/data/eval_splits"); do
+    if [ "$TASK" = book_review ]; then
+      floor=tfidf; extra=()
+    else
+      floor=dictionary; extra=(--kg "$OUT/kg/full.spo")
+    fi
+    echo "== stage 5: floor $floor on $split -> $OUT/floors/$floor.$split.scores.json"
+    $PY -m fairseq_knowgen.evaluation.kbert_floors $floor --data "$OUT/data" --split "$split" "${extra[@]}" \
+      --pred "$OUT/floors/$floor.$split.pred"
+    $PY -m fairseq_knowgen.evaluation.kbert_score --data "$OUT/data" --split "$split" $TAGGING --name "$floor" \
+      --pred "$OUT/floors/$floor.$split.pred" --json-out "$OUT/floors/$floor.$split.scores.json"
+  done
+fi

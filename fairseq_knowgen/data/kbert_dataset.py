@@ -1,0 +1,175 @@
+"""K-BERT examples: raw TSV rows -> sentence trees -> padded batches.
+
+Each example keeps per token only its id, soft position, branch id and mention id (small ints);
+the collater pads them and the encoder builds the boolean B x T x T visible matrix per batch
+(:func:`fairseq_knowgen.modules.sentence_tree.visible_matrix`), so no matrix is ever stored.
+Injected (branch) tokens, ``<s>`` and ``</s>`` get the tag target ``IGNORE`` (-100): they are
+never labelled and never count in the loss or the score.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from fairseq.data import FairseqDataset, data_utils
+
+from ..modules.knowledge_graph import KnowledgeGraph, char_tokenize
+from ..modules.sentence_tree import build_sentence_tree
+from ..textio import DataError, read_lines
+
+IGNORE = -100
+
+
+@dataclass
+class TsvExample:
+    tokens: List[str]
+    label: object  # str (classification) or list of str (tagging)
+    line: int
+
+
+def read_tsv(path: str, tagging: bool) -> List[TsvExample]:
+    """Rows of a K-BERT TSV: a header naming the columns ``label`` and ``text_a`` (either order).
+
+    Classification text is unsegmented (one token per non-space character); tagging text and
+    labels are space-separated, one tag per character. Wrong column counts and token/tag length
+    mismatches raise :class:`DataError` naming ``path:line``."""
+    lines = read_lines(path, "TSV")
+    header = lines[0].split("\t")
+    if "label" not in header or "text_a" not in header:
+        raise DataError(path, 1, f"header must name the columns 'label' and 'text_a', found {header}")
+    li, ti = header.index("label"), header.index("text_a")
+    out = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise DataError(path, n, f"{len(fields)} TAB-separated column(s), the header has {len(header)}")
+        text, label = fields[ti], fields[li].strip()
+        if tagging:
+            tokens, tags = text.split(), label.split()
+            if len(tokens) != len(tags):
+                raise DataError(path, n, f"{len(tokens)} tokens but {len(tags)} tags")
+            out.append(TsvExample(tokens, tags, n))
+        else:
+            if not label:
+                raise DataError(path, n, "empty label")
+            out.append(TsvExample(char_tokenize(text), label, n))
+    if not out:
+        raise DataError(path, 0, "no examples after the header")
+    return out
+
+
+class KBertDataset(FairseqDataset):
+    """Sentence trees of TSV examples with their targets.
+
+    Args:
+        examples: :class:`TsvExample` s
+        dictionary: token dictionary (``<s>`` tree ``</s>``)
+        label_index: label -> class id (tags for tagging)
+        kg: the knowledge graph, or ``None`` (no injection)
+        inject: ``predicate-object`` or ``object``
+        max_positions: the longest input (``<s>`` and ``</s>`` included); longer trees lose
+            branches first (see ``build_sentence_tree``)
+        tagging: per-token targets (else one label per example)
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[TsvExample],
+        dictionary,
+        label_index: dict,
+        kg: Optional[KnowledgeGraph],
+        inject: str,
+        max_positions: int,
+        tagging: bool,
+        path: str = "",
+    ):
+        self.dictionary, self.tagging = dictionary, tagging
+        self.items: List[Tuple[np.ndarray, ...]] = []
+        self.targets = []
+        self.trunk_index: List[np.ndarray] = []
+        self.n_tokens: List[int] = []  # original token count (predictions map back to it)
+        self.dropped_branches = self.dropped_trunk = self.injected_tokens = 0
+        bos, eos = dictionary.bos(), dictionary.eos()
+        for ex in examples:
+            tree = build_sentence_tree(ex.tokens, kg, inject, max_len=max_positions - 2, start_position=1)
+            n = len(tree)
+            ids = np.empty(n + 2, dtype=np.int64)
+            ids[0], ids[-1] = bos, eos
+            ids[1:-1] = [dictionary.index(t) for t in tree.tokens]
+            # <s> at 0, the tree from 1, </s> right after the last trunk token
+            soft = np.array([0] + tree.soft_positions + [1 + len(tree.trunk_index)], dtype=np.int16)
+            branch = np.array([0] + tree.branch_ids + [0], dtype=np.int16)
+            mention = np.array([0] + tree.mention_ids + [0], dtype=np.int16)
+            trunk = np.array(tree.trunk_index, dtype=np.int64) + 1
+            self.items.append((ids, soft, branch, mention))
+            self.trunk_index.append(trunk)
+            self.n_tokens.append(len(ex.tokens))
+            self.dropped_branches += tree.dropped_branches
+            self.dropped_trunk += tree.dropped_trunk
+            self.injected_tokens += n - len(tree.trunk_index)
+            if tagging:
+                tags = [label_index.get(t) for t in ex.label[: len(trunk)]]
+                if any(t is None for t in tags):
+                    bad = next(t for t, i in zip(ex.label, tags) if i is None)
+                    raise DataError(path, ex.line, f"tag {bad!r} not among the training tags")
+                target = np.full(n + 2, IGNORE, dtype=np.int64)
+                target[trunk] = tags
+                self.targets.append(target)
+            else:
+                if ex.label not in label_index:
+                    raise DataError(path, ex.line, f"label {ex.label!r} not among the training labels")
+                self.targets.append(label_index[ex.label])
+        self.sizes = np.array([len(x[0]) for x in self.items], dtype=np.int64)
+
+    def __getitem__(self, index):
+        ids, soft, branch, mention = self.items[index]
+        return {
+            "id": index,
+            "source": torch.from_numpy(ids),
+            "soft": torch.from_numpy(soft.astype(np.int64)),
+            "branch": torch.from_numpy(branch.astype(np.int64)),
+            "mention": torch.from_numpy(mention.astype(np.int64)),
+            "target": self.targets[index],
+        }
+
+    def __len__(self):
+        return len(self.items)
+
+    def num_tokens(self, index):
+        return int(self.sizes[index])
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+    def ordered_indices(self):
+        return np.argsort(self.sizes, kind="mergesort")
+
+    def collater(self, samples):
+        if not samples:
+            return {}
+        pad = self.dictionary.pad()
+
+        def merge(key, value):
+            return data_utils.collate_tokens([s[key] for s in samples], value, left_pad=False)
+
+        src = merge("source", pad)
+        if self.tagging:
+            target = data_utils.collate_tokens([torch.from_numpy(s["target"]) for s in samples], IGNORE)
+        else:
+            target = torch.tensor([s["target"] for s in samples], dtype=torch.long)
+        return {
+            "id": torch.tensor([s["id"] for s in samples]),
+            "nsentences": len(samples),
+            "ntokens": int(src.ne(pad).sum()),
+            "net_input": {
+                "src_tokens": src,
+                "soft_positions": merge("soft", 0),
+                "branch_ids": merge("branch", 0),
+                "mention_ids": merge("mention", 0),
+                "src_lengths": torch.tensor([s["source"].numel() for s in samples]),
+            },
+            "target": target,
+        }

@@ -1,0 +1,147 @@
+"""K-BERT's knowledge layer, part 1: the knowledge graph and the mention lookup.
+
+K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph",
+``../shared/seeds/k_bert.zh.txt``, section 02, "知識層"): the knowledge layer finds the entities
+of a sentence, looks up the triples whose subject (head entity) they are, and hangs each
+triple's predicate (relation) and object (tail entity) on the entity as a branch of depth 1.
+
+A KG file has one ``subject<TAB>predicate<TAB>object`` triple per line (``kgs/*.spo``). This
+module reads it (tokenizing each field with a given function: characters for Chinese, spaces for
+English), keeps each subject's triples **in file order** (the original code took
+``list(set(...))[:2]``, whose order depends on Python's hash seed), and finds mentions by
+longest match over the subjects with a token trie, left to right, without overlap (no word
+segmenter is needed at character level).
+"""
+
+import random
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..textio import DataError, atomic_write, read_lines
+
+Tokens = Tuple[str, ...]
+INJECT_CHOICES = ("predicate-object", "object")
+
+
+def char_tokenize(text: str) -> List[str]:
+    """Character-level tokens without spaces (Chinese K-BERT tasks)."""
+    return [c for c in text if not c.isspace()]
+
+
+def word_tokenize(text: str) -> List[str]:
+    """Space-separated tokens (English, already tokenized text such as WebNLG's)."""
+    return text.split()
+
+
+TOKENIZERS: Dict[str, Callable[[str], List[str]]] = {"char": char_tokenize, "word": word_tokenize}
+
+
+def read_triples(path: str) -> List[Tuple[str, str, str]]:
+    """The triples of a KG file in file order; a line without three non-empty TAB-separated
+    fields raises :class:`DataError` naming ``path:line``."""
+    triples = []
+    for n, line in enumerate(read_lines(path, "knowledge graph"), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 3 or not all(f.strip() for f in fields):
+            raise DataError(
+                path, n, f"expected subject<TAB>predicate<TAB>object, found {len(fields)} field(s): {line[:60]!r}"
+            )
+        triples.append(tuple(f.strip() for f in fields))
+    return triples
+
+
+class KnowledgeGraph:
+    """Triples indexed by their tokenized subject, with a trie for longest-match lookup.
+
+    Args:
+        triples: ``(subject, predicate, object)`` strings in file order
+        tokenize: splits each field into tokens (:func:`char_tokenize` or :func:`word_tokenize`)
+        max_entities: at most this many triples per subject, the first ones in file order
+            (``--kg-max-entities``, the paper's and original code's 2)
+        min_mention: subjects shorter than this many tokens are never matched
+    """
+
+    def __init__(
+        self,
+        triples: Sequence[Tuple[str, str, str]],
+        tokenize: Callable[[str], List[str]] = char_tokenize,
+        max_entities: int = 2,
+        min_mention: int = 1,
+    ):
+        self.max_entities = max_entities
+        self.table: Dict[Tokens, List[Tuple[Tokens, Tokens]]] = {}
+        for s, p, o in triples:
+            subj = tuple(tokenize(s))
+            if len(subj) < min_mention:
+                continue
+            entry = self.table.setdefault(subj, [])
+            branch = (tuple(tokenize(p)), tuple(tokenize(o)))
+            if branch not in entry:  # a repeated triple would only repeat a branch
+                entry.append(branch)
+        self.trie: dict = {}
+        for subj in self.table:
+            node = self.trie
+            for tok in subj:
+                node = node.setdefault(tok, {})
+            node[None] = subj  # end of a subject
+
+    @classmethod
+    def from_file(cls, path: str, tokenize: str = "char", max_entities: int = 2, min_mention: int = 1):
+        return cls(read_triples(path), TOKENIZERS[tokenize], max_entities, min_mention)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def triples_of(self, subject: Tokens) -> List[Tuple[Tokens, Tokens]]:
+        """The first ``max_entities`` (predicate, object) pairs of ``subject`` in file order."""
+        return self.table.get(tuple(subject), [])[: self.max_entities]
+
+    def mentions(self, tokens: Sequence[str]) -> List[Tuple[int, int]]:
+        """Non-overlapping ``(start, end)`` spans (end exclusive) of KG subjects in ``tokens``:
+        left to right, the longest subject starting at each position; a position without one
+        is skipped."""
+        spans, i, n = [], 0, len(tokens)
+        while i < n:
+            node, end = self.trie, None
+            for j in range(i, n):
+                node = node.get(tokens[j])
+                if node is None:
+                    break
+                if None in node:
+                    end = j + 1
+            if end is None:
+                i += 1
+            else:
+                spans.append((i, end))
+                i = end
+        return spans
+
+
+def branch_tokens(predicate: Tokens, obj: Tokens, inject: str) -> List[str]:
+    """The tokens a triple hangs on its mention: predicate + object (the paper's choice for
+    classification) or the object alone (its choice for NER)."""
+    if inject not in INJECT_CHOICES:
+        raise ValueError(f"--kg-inject must be one of {INJECT_CHOICES}, not {inject!r}")
+    return list(predicate) + list(obj) if inject == "predicate-object" else list(obj)
+
+
+def control_triples(triples: Sequence[Tuple[str, str, str]], seed: int = 1) -> List[Tuple[str, str, str]]:
+    """A control KG: the same subjects and predicates, the objects shuffled among all triples
+    with a fixed seed (same sizes and token budget as the real KG, knowledge destroyed)."""
+    objects = [o for _, _, o in triples]
+    random.Random(seed).shuffle(objects)
+    return [(s, p, o) for (s, p, _), o in zip(triples, objects)]
+
+
+def write_triples(path: str, triples: Sequence[Tuple[str, str, str]]):
+    with atomic_write(path) as f:
+        for t in triples:
+            f.write("\t".join(t) + "\n")
+
+
+def load_kg(path: Optional[str], tokenize: str = "char", max_entities: int = 2, min_mention: int = 1):
+    """``KnowledgeGraph`` of ``path``, or ``None`` when no path is given (no knowledge injected)."""
+    if not path:
+        return None
+    return KnowledgeGraph.from_file(path, tokenize, max_entities, min_mention)

@@ -1,0 +1,143 @@
+"""Prepare a K-BERT task folder from the raw TSVs and a knowledge graph.
+
+    python -m fairseq_knowgen.prep.kbert --data DATA/book_review --kg DATA/kgs/HowNet.spo \\
+        --out OUT [--tagging] [--control-seed 1]
+
+reads ``DATA/train.tsv``, ``DATA/dev.tsv`` and (when present) ``DATA/test.tsv`` (header row naming
+``label`` and ``text_a``; ``--tagging``: space-separated characters and BIO tags) and writes into
+``OUT``:
+
+* ``data/{train,valid[,test]}.tsv``: the checked rows (dev becomes ``valid``), read by the
+  ``kbert_*`` tasks; ``data/dict.txt``: characters of the training text and of the KG's predicates
+  and objects; ``data/labels.txt``; ``data/eval_splits`` (valid [test]);
+* ``kg/full.spo``: the KG; ``kg/control.spo``: the control KG (objects shuffled among all triples
+  with ``--control-seed``: same subjects, predicates and token budget, no knowledge);
+* ``mlm/{train,valid}.txt``: the sentences as space-separated characters, for the masked-LM
+  pretraining stage (``fairseq-preprocess --only-source --srcdict data/dict.txt``).
+
+Every input is read and checked before anything is written; bad input (missing file, KG line
+without three fields, TSV row with a wrong column count, tokens and tags of different lengths)
+stops with ``error: file:line: ...`` and exit status 2.
+"""
+
+import argparse
+import os
+import random
+import shutil
+
+from fairseq.data import Dictionary
+
+from ..data.kbert_dataset import read_tsv
+from ..modules.knowledge_graph import char_tokenize, control_triples, read_triples, write_triples
+from ..textio import atomic_write, cli_entry
+from .common import ensure_dir, write_lines
+
+
+def build_dictionary(examples, triples) -> Dictionary:
+    """Characters of the training sentences and of the KG's predicates and objects (subjects only
+    match characters that are already in sentences), most frequent first."""
+    d = Dictionary()
+    for ex in examples:
+        for tok in ex.tokens:
+            d.add_symbol(tok)
+    for _, p, o in triples:
+        for tok in char_tokenize(p) + char_tokenize(o):
+            d.add_symbol(tok)
+    d.finalize(padding_factor=1)
+    return d
+
+
+def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1):
+    splits = {"train": "train.tsv", "valid": "dev.tsv"}
+    if os.path.isfile(os.path.join(data, "test.tsv")):
+        splits["test"] = "test.tsv"
+    examples = {s: read_tsv(os.path.join(data, f), tagging) for s, f in splits.items()}  # checks first
+    triples = read_triples(kg)
+    d = build_dictionary(examples["train"], triples)
+    labels = sorted(
+        {t for ex in examples["train"] for t in ex.label} if tagging else {ex.label for ex in examples["train"]}
+    )
+
+    data_out, kg_out, mlm_out = (ensure_dir(os.path.join(out, x)) for x in ("data", "kg", "mlm"))
+    for split, name in splits.items():
+        with atomic_write(os.path.join(data_out, f"{split}.tsv")) as f, open(
+            os.path.join(data, name), encoding="utf-8"
+        ) as src:
+            shutil.copyfileobj(src, f)
+    with atomic_write(os.path.join(data_out, "dict.txt")) as f:
+        d.save(f)
+    write_lines(os.path.join(data_out, "labels.txt"), labels)
+    write_lines(os.path.join(data_out, "eval_splits"), [s for s in splits if s != "train"])
+    write_triples(os.path.join(kg_out, "full.spo"), triples)
+    write_triples(os.path.join(kg_out, "control.spo"), control_triples(triples, control_seed))
+    for split in ("train", "valid"):
+        write_lines(os.path.join(mlm_out, f"{split}.txt"), (" ".join(ex.tokens) for ex in examples[split] if ex.tokens))
+    print(
+        f"{out}: {', '.join(f'{s} {len(x)}' for s, x in examples.items())} examples; {len(d)} dictionary types; "
+        f"{len(labels)} labels; KG {len(triples)} triples (control: objects shuffled, seed {control_seed})"
+    )
+
+
+def make_synthetic_task(workdir: str, n_train: int, n_valid: int, tagging: bool = False, seed: int = 1) -> str:
+    """A tiny synthetic K-BERT task folder (``train.tsv``, ``valid.tsv``, ``dict.txt``,
+    ``labels.txt``) and its KG ``workdir/kg.spo``, for tests and the benchmark.
+
+    Sentences of 20-80 characters from a 200-character alphabet in which 40 two- or
+    three-character subjects occur often; each subject has two triples (``类别`` and one of two
+    categories, then a random predicate and object), so about a third of the input tokens are
+    injected. Classification: the label is the category of the sentence's first subject (0 when
+    it has none). Tagging: each subject is tagged ``B-``/``I-`` with its category. Returns ``workdir``."""
+    rng = random.Random(seed)
+    alphabet = [chr(0x4E00 + i) for i in range(200)]
+    subjects = ["".join(rng.choice(alphabet) for _ in range(rng.choice((2, 3)))) for _ in range(40)]
+    kinds = {s: rng.choice(("甲", "乙")) for s in subjects}
+    triples = []
+    for s in subjects:
+        triples += [(s, "类别", kinds[s]), (s, "".join(rng.sample(alphabet, 2)), "".join(rng.sample(alphabet, 3)))]
+    ensure_dir(workdir)
+    write_triples(os.path.join(workdir, "kg.spo"), triples)
+
+    def example():
+        parts, n = [], rng.randint(20, 80)
+        while sum(len(p) for p, _ in parts) < n:
+            s = rng.choice(subjects) if rng.random() < 0.15 else rng.choice(alphabet)
+            parts.append((s, kinds.get(s)))
+        chars = [c for p, _ in parts for c in p]
+        if not tagging:
+            first = next((k for _, k in parts if k), None)
+            return f"{int(first == '甲')}\t{''.join(chars)}"
+        tags = []
+        for p, k in parts:
+            tags += [f"B-{k}"] + [f"I-{k}"] * (len(p) - 1) if k else ["O"] * len(p)
+        return f"{' '.join(chars)}\t{' '.join(tags)}"
+
+    header = "text_a\tlabel" if tagging else "label\ttext_a"
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        write_lines(os.path.join(workdir, f"{split}.tsv"), [header] + [example() for _ in range(n)])
+    train = read_tsv(os.path.join(workdir, "train.tsv"), tagging)
+    with atomic_write(os.path.join(workdir, "dict.txt")) as f:
+        build_dictionary(train, triples).save(f)
+    labels = ["B-甲", "B-乙", "I-甲", "I-乙", "O"] if tagging else ["0", "1"]
+    write_lines(os.path.join(workdir, "labels.txt"), sorted(labels))
+    return workdir
+
+
+def make_benchmark_data(workdir: str, n_train: int, n_valid: int) -> str:
+    """The ``kbert_classification`` folder of ``scripts/benchmark.py --arch kbert_small``
+    (:func:`make_synthetic_task`; ``--kg DATA/kg.spo``)."""
+    return make_synthetic_task(workdir, n_train, n_valid, tagging=False)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="folder with train.tsv, dev.tsv [test.tsv]")
+    p.add_argument("--kg", required=True, help="subject<TAB>predicate<TAB>object file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tagging", action="store_true", help="text_a and label are space-separated characters and tags")
+    p.add_argument("--control-seed", type=int, default=1, help="seed of the control KG's object shuffle")
+    a = p.parse_args(argv)
+    prepare(a.data, a.kg, a.out, a.tagging, a.control_seed)
+
+
+if __name__ == "__main__":
+    cli_entry(main)

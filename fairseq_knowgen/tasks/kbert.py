@@ -1,0 +1,155 @@
+"""K-BERT tasks: sentence classification and character-level tagging read from raw TSVs.
+
+``kbert_classification`` reads ``DATA/{split}.tsv`` with a header naming ``label`` and ``text_a``
+(book_review: ``label<TAB>text_a``, unsegmented Chinese, one token per character) and trains with
+fairseq's ``sentence_prediction`` criterion; ``kbert_tagging`` reads space-separated characters and
+BIO tags (medical_ner: ``text_a<TAB>label``) and trains with ``kbert_tagging``. Both read
+``DATA/dict.txt`` (characters; ``<mask>`` is appended as fairseq's ``masked_lm`` task does, so a
+masked LM pretrained on the same dictionary loads) and ``DATA/labels.txt`` (one label or tag per
+line; made from ``train.tsv`` when absent), and inject the knowledge graph ``--kg`` into every
+sentence (K-BERT's knowledge layer; no ``--kg``: plain BERT input). The counts of dropped branches
+and trunk tokens are logged per split.
+
+    fairseq-train DATA --user-dir fairseq_knowgen --task kbert_classification --kg kgs/HowNet.spo \\
+        --arch kbert_small --criterion sentence_prediction ...
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.data import Dictionary
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+
+from ..data.kbert_dataset import KBertDataset, read_tsv
+from ..modules.knowledge_graph import INJECT_CHOICES, load_kg
+from ..textio import DataError, read_lines
+
+logger = logging.getLogger(__name__)
+INJECT = ChoiceEnum(list(INJECT_CHOICES))
+
+
+@dataclass
+class KBertClassificationConfig(FairseqDataclass):
+    data: str = field(default="", metadata={"help": "folder with dict.txt, labels.txt and {split}.tsv"})
+    kg: Optional[str] = field(
+        default=None, metadata={"help": "knowledge graph (subject<TAB>predicate<TAB>object per line); none: no KG"}
+    )
+    kg_inject: INJECT = field(
+        default="predicate-object",
+        metadata={"help": "branch tokens of a triple: predicate-object (the paper, classification) or object (NER)"},
+    )
+    kg_max_entities: int = field(
+        default=2, metadata={"help": "at most this many triples per mention, the first ones in the KG file's order"}
+    )
+    kg_min_mention: int = field(default=1, metadata={"help": "ignore KG subjects shorter than this (tokens)"})
+    max_positions: int = field(
+        default=256,
+        metadata={"help": "longest input with <s> and </s>; longer trees lose branches (last first), then trunk tail"},
+    )
+    regression_target: bool = field(default=False, metadata={"help": "(read by sentence_prediction; unused)"})
+
+
+@dataclass
+class KBertTaggingConfig(KBertClassificationConfig):
+    kg_inject: INJECT = field(
+        default="object",
+        metadata={"help": "branch tokens of a triple: predicate-object or object (the paper's choice for NER)"},
+    )
+
+
+@register_task("kbert_classification", dataclass=KBertClassificationConfig)
+class KBertClassificationTask(FairseqTask):
+    """Sentence classification over K-BERT sentence trees (Liu et al., 2020)."""
+
+    tagging = False
+    head_name = "sentence_classification_head"
+
+    def __init__(self, cfg, dictionary, labels):
+        super().__init__(cfg)
+        self.dictionary, self.labels = dictionary, labels
+        self.label_index = {x: i for i, x in enumerate(labels)}
+        self._label_dictionary = Dictionary()
+        for x in labels:
+            self._label_dictionary.add_symbol(x)
+        self._kg = None
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        dictionary = Dictionary.load(os.path.join(cfg.data, "dict.txt"))
+        dictionary.add_symbol("<mask>")  # as fairseq's masked_lm task, so its checkpoints load
+        labels_path = os.path.join(cfg.data, "labels.txt")
+        if os.path.isfile(labels_path):
+            labels = [x.strip() for x in read_lines(labels_path, "labels") if x.strip()]
+        else:
+            labels = label_set(os.path.join(cfg.data, "train.tsv"), cls.tagging)
+        logger.info(f"dictionary: {len(dictionary)} types; labels: {labels}")
+        return cls(cfg, dictionary, labels)
+
+    @property
+    def kg(self):
+        if self._kg is None and self.cfg.kg:
+            self._kg = load_kg(self.cfg.kg, "char", self.cfg.kg_max_entities, self.cfg.kg_min_mention)
+            logger.info(f"knowledge graph {self.cfg.kg}: {len(self._kg)} subjects")
+        return self._kg
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        path = os.path.join(self.cfg.data, f"{split}.tsv")
+        ds = KBertDataset(
+            read_tsv(path, self.tagging),
+            self.dictionary,
+            self.label_index,
+            self.kg,
+            self.cfg.kg_inject,
+            self.cfg.max_positions,
+            self.tagging,
+            path,
+        )
+        logger.info(
+            f"{path}: {len(ds)} examples, {ds.injected_tokens} injected tokens kept, {ds.dropped_branches} branches "
+            f"and {ds.dropped_trunk} sentence tokens dropped (--max-positions {self.cfg.max_positions})"
+        )
+        self.datasets[split] = ds
+        return ds
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if self.tagging:
+            model.register_tagging_head(self.head_name, len(self.labels))
+        else:
+            model.register_classification_head(self.head_name, len(self.labels))
+        return model
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    @property
+    def label_dictionary(self):
+        return self._label_dictionary
+
+
+@register_task("kbert_tagging", dataclass=KBertTaggingConfig)
+class KBertTaggingTask(KBertClassificationTask):
+    """Character-level BIO tagging over K-BERT sentence trees; only sentence characters carry tags."""
+
+    tagging = True
+    head_name = "tagging_head"
+
+
+def label_set(train_tsv: str, tagging: bool):
+    """The sorted labels (tags) of a training TSV."""
+    examples = read_tsv(train_tsv, tagging)
+    labels = {t for ex in examples for t in ex.label} if tagging else {ex.label for ex in examples}
+    if not labels:
+        raise DataError(train_tsv, 0, "no labels")
+    return sorted(labels)

@@ -2,3 +2,4 @@
 
 from . import copy_transformer, dimattn, eki  # noqa: F401
 from . import kbert  # noqa: F401  (K-BERT)
+from . import cocon  # noqa: F401  (CoCon)

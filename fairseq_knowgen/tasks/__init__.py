@@ -2,3 +2,4 @@
 
 from . import eki_generation, translation_constrained  # noqa: F401
 from . import kbert  # noqa: F401  (K-BERT)
+from . import cocon_generation  # noqa: F401  (CoCon)

@@ -1,0 +1,270 @@
+"""``cocon``: the four self-supervised losses of CoCon (Chan et al., ICLR 2021, Section 3.1;
+``shared/seeds/cocon.zh.txt``), each weighted by a flag and logged on its own::
+
+    L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv (+ w_disc L_disc)   (Eq. 16)
+
+For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_1 .. x_n </s>``.
+
+- **Split** (``L_self``, ``L_null``, ``L_adv``): per sentence t ~ Uniform{a, .., n - m} with
+  a = ``--cocon-min-prefix`` (default 0: x^a may be empty, as when decoding from the start
+  symbol) and m = ``--cocon-min-content``; x^a = x_1..x_t, x^b = x_{t+1}..x_n </s>. The content is
+  c = x^b without ``</s>``, cut at ``--cocon-max-content`` tokens (its first ones).
+- **Self-reconstruction** (Eq. 9): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``; with
+  ``--cocon-self-mask 1`` (default) the step predicting x^b_j does not see content position j
+  (its column gets -inf), so the block cannot just copy the token it is asked for.
+- **Null content** (Eq. 10): the same positions with c = nothing: the block attends over the causal
+  self part only (no content keys at all).
+- **Cycle reconstruction** (Eq. 11-13), from ``--cocon-cycle-start`` updates on: with one split t_c
+  for the batch (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the next sentence
+  of the batch, cyclically), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
+  *soft* tokens: step s feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
+  ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
+  matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
+  the content q^1 entering as the soft embeddings y E. Its gradient reaches the CoCon block
+  through both passes (the frozen LM only passes it on).
+- **Adversarial** (Eq. 14-15), from ``--cocon-adv-start`` updates on: the discriminator
+  (:mod:`~fairseq_knowgen.modules.cocon_discriminator`, in the model) tells the frozen LM's
+  lower-layer states of the x^b positions ("real") from the CoCon block's states of the same
+  positions in the self-reconstruction pass ("fake"). ``L_disc`` (weight ``--cocon-disc-weight``)
+  reaches only the discriminator (detached states); ``L_adv`` (non-saturating, weight
+  ``--cocon-adv-weight``) reaches only CoCon (discriminator run with detached parameters).
+  Schedule: the discriminator is stepped by the same fairseq optimizer update as the block (same
+  optimizer kind and lr schedule, and so the same DDP all-reduce), on its own loss only, every
+  ``--cocon-disc-update-freq`` updates (the others give it a zero loss). Both adversarial losses
+  are means over sentences, scaled by tokens per sentence so that after fairseq's division by the
+  sample size they weigh as w x mean BCE.
+
+Validation computes L_self and L_null only. Counting is by fairseq's ``update_num`` (the task's
+``train_step`` calls :meth:`CoConCriterion.set_update_num`), never by steps within an epoch.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from ..modules.cocon_discriminator import discriminator_losses
+
+SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
+
+
+@dataclass
+class CoConCriterionConfig(FairseqDataclass):
+    cocon_self_weight: float = field(default=1.0, metadata={"help": "weight of L_self (Eq. 9)"})
+    cocon_null_weight: float = field(default=1.0, metadata={"help": "weight of L_null (Eq. 10); 0 = ablation"})
+    cocon_cycle_weight: float = field(default=1.0, metadata={"help": "weight of L_cycle (Eq. 13); 0 = ablation"})
+    cocon_adv_weight: float = field(
+        default=1.0, metadata={"help": "weight of the generator-side L_adv (Eq. 14); 0 = ablation (no D either)"}
+    )
+    cocon_disc_weight: float = field(default=1.0, metadata={"help": "weight of the discriminator's loss (Eq. 15)"})
+    cocon_cycle_start: int = field(default=1000, metadata={"help": "updates before L_cycle starts"})
+    cocon_adv_start: int = field(default=1000, metadata={"help": "updates before L_adv/L_disc start"})
+    cocon_cycle_steps: int = field(default=10, metadata={"help": "length of the soft q^1 of the cycle"})
+    cocon_cycle_soft: SOFT_CHOICES = field(
+        default="softmax", metadata={"help": "soft token fed back: softmax(o/T), or a Gumbel-softmax sample"}
+    )
+    cocon_cycle_temperature: float = field(default=1.0, metadata={"help": "T of the soft tokens"})
+    cocon_disc_update_freq: int = field(default=1, metadata={"help": "the discriminator learns every K updates"})
+    cocon_self_mask: int = field(
+        default=1, metadata={"help": "1: the step predicting x^b_j does not see content position j"}
+    )
+    cocon_min_prefix: int = field(default=0, metadata={"help": "shortest x^a (tokens)"})
+    cocon_min_content: int = field(default=1, metadata={"help": "shortest content (tokens)"})
+    cocon_max_content: int = field(default=32, metadata={"help": "longest content: x^b cut here"})
+
+
+def sample_splits(n_words: torch.Tensor, min_prefix: int, min_content: int, generator=None) -> torch.Tensor:
+    """t per sentence, uniform over {a, .., n - m} (clamped into [0, n - 1] for short sentences)."""
+    hi = (n_words - min_content).clamp(min=0)
+    lo = torch.minimum(torch.full_like(hi, min_prefix), hi)
+    r = torch.rand(n_words.shape, generator=generator)
+    return (lo + (r * (hi - lo + 1).float()).floor().long()).clamp(max=(n_words - 1).clamp(min=0))
+
+
+def gather_spans(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor, pad: int) -> torch.Tensor:
+    """``B x max(length)``: tokens[b, start_b : start_b + length_b], right-padded."""
+    L = max(int(length.max()), 1)
+    ar = torch.arange(L, device=tokens.device)
+    idx = (start[:, None] + ar[None]).clamp(max=tokens.size(1) - 1)
+    out = tokens.gather(1, idx)
+    return out.masked_fill(ar[None] >= length[:, None], pad)
+
+
+@register_criterion("cocon", dataclass=CoConCriterionConfig)
+class CoConCriterion(FairseqCriterion):
+    """CoCon's training losses; see the module docstring."""
+
+    def __init__(
+        self,
+        task,
+        cocon_self_weight=1.0,
+        cocon_null_weight=1.0,
+        cocon_cycle_weight=1.0,
+        cocon_adv_weight=1.0,
+        cocon_disc_weight=1.0,
+        cocon_cycle_start=1000,
+        cocon_adv_start=1000,
+        cocon_cycle_steps=10,
+        cocon_cycle_soft="softmax",
+        cocon_cycle_temperature=1.0,
+        cocon_disc_update_freq=1,
+        cocon_self_mask=1,
+        cocon_min_prefix=0,
+        cocon_min_content=1,
+        cocon_max_content=32,
+    ):
+        super().__init__(task)
+        self.w_self, self.w_null, self.w_cycle = cocon_self_weight, cocon_null_weight, cocon_cycle_weight
+        self.w_adv, self.w_disc = cocon_adv_weight, cocon_disc_weight
+        self.cycle_start, self.adv_start = cocon_cycle_start, cocon_adv_start
+        self.cycle_steps = cocon_cycle_steps
+        self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
+        self.disc_update_freq = max(1, cocon_disc_update_freq)
+        self.self_mask = bool(cocon_self_mask)
+        self.min_prefix, self.min_content, self.max_content = cocon_min_prefix, cocon_min_content, cocon_max_content
+        if self.min_content < 1 or self.max_content < self.min_content:
+            raise ValueError("need 1 <= --cocon-min-content <= --cocon-max-content")
+        self.update_num = 0
+
+    def set_update_num(self, update_num: int):
+        self.update_num = int(update_num)
+
+    # -- pieces, each usable on its own in tests ----------------------------------------------
+    def nll(self, dec, h, pad_mask, target, loss_mask):
+        """Summed NLL of ``target`` where ``loss_mask`` from block output states ``h`` (``T x B x C``)."""
+        logits = dec.lm_logits(dec.upper(h, None, pad_mask)).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        return (nll * loss_mask).sum()
+
+    def self_content(self, dec, target, n_words, t):
+        """The content x^b (``B x L``), its lower-layer states and padding mask, and the per-query
+        mask of the self-reconstruction (``B x T x L``: query p never sees content p - t)."""
+        pad = self.padding_idx
+        length = torch.minimum(n_words - t, torch.full_like(t, self.max_content))
+        content = gather_spans(target, t, length, pad)
+        states, cpad = dec.encode_content_tensor(content)
+        T, L = target.size(1), content.size(1)
+        qmask = None
+        if self.self_mask:
+            j = torch.arange(T, device=target.device)[None, :] - t[:, None]  # B x T: content index j
+            qmask = j[:, :, None].eq(torch.arange(L, device=target.device)[None, None, :])
+        return content, states, cpad, qmask
+
+    def soft_tokens(self, logits):
+        if self.cycle_soft == "gumbel":
+            return F.gumbel_softmax(logits.float(), tau=self.cycle_temperature, hard=False).to(logits.dtype)
+        return F.softmax(logits.float() / self.cycle_temperature, dim=-1).to(logits.dtype)
+
+    def generate_soft(self, dec, prefix_inputs, content_states, content_pad):
+        """q^1 = f(p', c) as soft tokens (Eq. 11): ``B x steps x V`` distributions, generated
+        incrementally after the prefix inputs (``</s> p'``, no padding)."""
+        inc = {}
+        h, _ = dec.lower(prefix_inputs, inc)
+        h, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
+        feats = dec.upper(h, inc)[:, -1:]
+        toks, ys = prefix_inputs, []
+        emb = dec.lm.embed_tokens.weight
+        for s in range(self.cycle_steps):
+            y = self.soft_tokens(dec.lm_logits(feats))  # B x 1 x V
+            ys.append(y)
+            if s + 1 == self.cycle_steps:
+                break
+            # the position embedding only needs a non-pad placeholder id for the soft step
+            toks = torch.cat([toks, toks[:, -1:].clone().fill_(dec.lm.dictionary.unk())], dim=1)
+            h, _ = dec.lower(toks, inc, token_embeddings=y @ emb)
+            h, _ = dec.block(h, incremental_state=inc)
+            feats = dec.upper(h, inc)
+        return torch.cat(ys, dim=1)
+
+    def cycle_loss(self, model, sample, h, pad_mask, n_words):
+        dec = model.decoder
+        target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
+        B = target.size(0)
+        tc = int(sample_splits(n_words.min().view(1), self.min_prefix, self.min_content)[0])
+        perm = torch.roll(torch.arange(B, device=target.device), 1)
+        q_len = torch.minimum(n_words - tc, torch.full_like(n_words, self.max_content))
+        q = gather_spans(target, torch.full_like(n_words, tc), q_len, self.padding_idx)
+        q_states, q_pad = dec.encode_content_tensor(q)
+        q1 = self.generate_soft(dec, prev[perm, : tc + 1], q_states, q_pad)  # B x S x V
+        c1, _ = dec.encode_contents(None, target.device, soft=q1 @ dec.lm.embed_tokens.weight)
+        h2, _ = dec.block(h, c1.transpose(0, 1))
+        pos = torch.arange(target.size(1), device=target.device)[None]
+        mask = (pos >= tc) & target.ne(self.padding_idx)
+        return self.nll(dec, h2, pad_mask, target, mask), mask.sum()
+
+    def forward(self, model, sample, reduce=True):
+        dec = model.decoder
+        target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
+        B, T = target.shape
+        lengths = target.ne(self.padding_idx).sum(1)
+        n_words = lengths - 1
+        training = model.training
+        gen = None if training else torch.Generator().manual_seed(int(sample["id"].sum()) + 1)
+        t = sample_splits(n_words.cpu(), self.min_prefix, self.min_content, gen).to(target.device)
+        pos = torch.arange(T, device=target.device)[None]
+        loss_mask = (pos >= t[:, None]) & (pos < lengths[:, None])  # predicts x^b (and </s>)
+        sample_size = int(loss_mask.sum())
+
+        h, pad_mask = dec.lower(prev)  # T x B x C, the frozen LM's lower states
+        _, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t)
+        h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
+        l_self = self.nll(dec, h_self, pad_mask, target, loss_mask)
+        loss = self.w_self * l_self
+        log = {"loss_self": l_self.item()}
+        if self.w_null:
+            h_null, _ = dec.block(h)
+            l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
+            loss = loss + self.w_null * l_null
+            log["loss_null"] = l_null.item()
+        if training and self.w_cycle and self.update_num >= self.cycle_start:
+            l_cycle, n_cycle = self.cycle_loss(model, sample, h, pad_mask, n_words)
+            # per cycle token, weighed as one self-reconstruction token
+            loss = loss + self.w_cycle * l_cycle * (sample_size / max(int(n_cycle), 1))
+            log["loss_cycle"], log["ntokens_cycle"] = l_cycle.item(), int(n_cycle)
+        disc = getattr(model, "discriminator", None)
+        adv_on = training and self.w_adv and disc is not None and self.update_num >= self.adv_start
+        if adv_on:
+            real, fake = h.transpose(0, 1), h_self.transpose(0, 1)
+            l_disc, l_adv = discriminator_losses(disc, real, fake, ~loss_mask)
+            per_sentence = sample_size / B
+            w_disc = self.w_disc if self.update_num % self.disc_update_freq == 0 else 0.0
+            loss = loss + per_sentence * (self.w_adv * l_adv + w_disc * l_disc)
+            log["loss_adv"], log["loss_disc"] = l_adv.item(), l_disc.item()
+        if training and disc is not None and not (adv_on and self.w_disc):
+            # every parameter takes part in every update (torch DDP without find_unused_parameters)
+            loss = loss + 0.0 * sum(p.sum() for p in disc.parameters())
+        logging_output = {
+            "loss": loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": B,
+            "sample_size": sample_size,
+            **log,
+        }
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        size = total("sample_size")
+        nsent = total("nsentences")
+        metrics.log_scalar("loss", total("loss") / max(size, 1) / math.log(2), size, round=3)
+        for key in ("loss_self", "loss_null"):
+            if any(key in log for log in logging_outputs):
+                metrics.log_scalar(key, total(key) / max(size, 1) / math.log(2), size, round=3)
+        if any("loss_cycle" in log for log in logging_outputs):
+            n = total("ntokens_cycle")
+            metrics.log_scalar("loss_cycle", total("loss_cycle") / max(n, 1) / math.log(2), n, round=3)
+        for key in ("loss_adv", "loss_disc"):
+            if any(key in log for log in logging_outputs):
+                metrics.log_scalar(key, total(key) / max(nsent, 1), nsent, round=3)
+        metrics.log_derived("ppl_self", lambda m: 2 ** m["loss_self"].avg if "loss_self" in m else float("nan"))
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,447 @@
+"""CoCon on a frozen fairseq ``transformer_lm`` (Chan et al., "CoCon: A Self-Supervised
+Approach for Controlled Text Generation", ICLR 2021; ``shared/seeds/cocon.zh.txt``).
+
+Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`` (FFN 2 x d).
+
+- ``--cocon-lm-path``: a fairseq ``transformer_lm`` checkpoint. It is loaded, frozen
+  (``requires_grad`` False, so fairseq's optimizer holds no state for it and DDP all-reduces
+  nothing of it) and kept in eval mode (no dropout: its states are a fixed function of the text).
+  Its dictionary (``--cocon-lm-dict``, default ``dict.txt`` beside the checkpoint, else in the
+  checkpoint's own data folder) must equal the task's (the task may append ``<sep>`` and
+  ``<prompt>`` after the LM's symbols; they are never fed to the LM).
+- ``--cocon-layer l``: the LM's layers ``0..l-1`` are ``enc`` (Eq. 4), run on the text and,
+  separately, on each content alone (``</s> c_1 .. c_n``, the LM's own start symbol first; the
+  state of ``</s>`` is dropped, so content position j is token c_j); layers ``l..`` with the
+  LM's final LayerNorm and output projection are ``dec``. ``0 <= l <= layers``.
+- the CoCon block (:mod:`fairseq_knowgen.modules.cocon_block`, Eq. 5-7) sits between them;
+  ``--cocon-ffn-dim``, ``--cocon-dropout``, ``--cocon-attention-dropout``, ``--cocon-zero-init``.
+- the discriminator of the adversarial loss (:mod:`~fairseq_knowgen.modules.cocon_discriminator`,
+  ``--cocon-disc-dim``) is a part of the model so that it is checkpointed and synchronized
+  across ranks with the rest; only the ``cocon`` criterion uses it.
+
+A checkpoint holds the LM's weights too; building the model (fairseq-generate) still reads
+``--cocon-lm-path`` for the LM's configuration (``--model-overrides "{'cocon_lm_path': ...}"``
+points it elsewhere).
+
+The encoder is the content encoder: ``src_tokens`` hold one or more contents separated by
+``<sep>`` (``</s>`` and padding are ignored); several contents are concatenated (Section 3,
+"Multiple Content Inputs"); ``content_tau`` gives one tau per content (the last value repeats).
+The decoder decodes incrementally: the content states are computed once by the encoder, the
+block caches their keys/values, and each step runs the LM's lower layers, the block and the
+upper layers on the new token only (fairseq's incremental state).
+
+Errors in the set-up (missing or unreadable checkpoint, another dictionary, ``--cocon-layer``
+outside the LM) raise :class:`CoConSetupError`; the ``cocon_generation`` task turns them into
+``error: ...`` and exit status 2.
+"""
+
+import os
+from typing import Dict, List, Optional
+
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from torch import Tensor
+
+from ..modules.cocon_block import CoConBlock
+from ..modules.cocon_discriminator import HiddenStateDiscriminator
+
+SEP, PROMPT = "<sep>", "<prompt>"
+
+
+class CoConSetupError(ValueError):
+    """The LM checkpoint or the CoCon flags do not fit (the task exits with status 2)."""
+
+
+def lm_dictionary_path(lm_path: str, cfg, given: Optional[str]) -> str:
+    if given:
+        return given
+    beside = os.path.join(os.path.dirname(os.path.abspath(lm_path)), "dict.txt")
+    if os.path.isfile(beside):
+        return beside
+    data = None
+    try:
+        data = cfg["task"]["data"]
+    except (KeyError, TypeError):
+        pass
+    if data:
+        p = os.path.join(str(data).split(os.pathsep)[0], "dict.txt")
+        if os.path.isfile(p):
+            return p
+    raise CoConSetupError(
+        f"{lm_path}: no dictionary found for this LM (looked for {beside} and its data folder's dict.txt): "
+        "give --cocon-lm-dict"
+    )
+
+
+def check_dictionary_prefix(lm_dict: Dictionary, task_dict: Dictionary, lm_dict_path: str):
+    n = len(lm_dict)
+    if len(task_dict) < n or lm_dict.symbols != task_dict.symbols[:n]:
+        m = min(n, len(task_dict))
+        i = next((i for i in range(m) if lm_dict.symbols[i] != task_dict.symbols[i]), m)
+        what = (
+            f"first difference at id {i}: {lm_dict.symbols[i]!r} (LM) vs {task_dict.symbols[i]!r} (data)"
+            if i < m
+            else f"the LM has {n} symbols, the data {len(task_dict)}"
+        )
+        raise CoConSetupError(
+            f"{lm_dict_path}: the LM's dictionary differs from the data's ({what}): binarize the data with the "
+            "LM's dictionary (fairseq-preprocess --srcdict)"
+        )
+
+
+def load_frozen_lm(path: str, task_dict: Dictionary, dict_path: Optional[str] = None):
+    """The decoder of a fairseq ``transformer_lm`` checkpoint, frozen and in eval mode."""
+    from fairseq import checkpoint_utils
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    if not path:
+        raise CoConSetupError("--cocon-lm-path is required: a fairseq transformer_lm checkpoint")
+    if not os.path.isfile(path):
+        raise CoConSetupError(f"{path}: LM checkpoint not found (--cocon-lm-path)")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except Exception as e:  # a truncated or foreign file: name it
+        raise CoConSetupError(f"{path}: not a readable fairseq checkpoint ({type(e).__name__}: {e})") from None
+    cfg = state.get("cfg")
+    if cfg is None or "model" not in state:
+        raise CoConSetupError(f"{path}: not a fairseq checkpoint (no 'cfg'/'model' entries)")
+    dpath = lm_dictionary_path(path, cfg, dict_path)
+    lm_dict = Dictionary.load(dpath)
+    check_dictionary_prefix(lm_dict, task_dict, dpath)
+    lm_task = LanguageModelingTask(cfg.task, lm_dict)
+    try:
+        lm = lm_task.build_model(cfg.model)
+    except Exception as e:
+        raise CoConSetupError(f"{path}: cannot build its model ({type(e).__name__}: {e})") from None
+    if not isinstance(lm, TransformerLanguageModel):
+        raise CoConSetupError(f"{path}: a {type(lm).__name__}, not a transformer_lm checkpoint")
+    try:
+        lm.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    except RuntimeError as e:
+        raise CoConSetupError(f"{path}: its weights do not fit its configuration ({e})") from None
+    dec = lm.decoder
+    if dec.adaptive_softmax is not None:
+        raise CoConSetupError(f"{path}: LMs with an adaptive softmax are not supported")
+    for p in dec.parameters():
+        p.requires_grad_(False)
+    return dec.eval()
+
+
+class CoConEncoder(FairseqEncoder):
+    """Content encoder: the LM's lower layers on each content alone.
+
+    Holds no parameters of its own; it calls the decoder's lower layers (a plain reference,
+    not a submodule, so the LM's weights are stored once in the state dict).
+    """
+
+    def __init__(self, dictionary, decoder: "CoConDecoder", default_tau: float = 0.0):
+        super().__init__(dictionary)
+        self.__dict__["decoder_ref"] = decoder
+        self.sep = dictionary.index(SEP) if SEP in dictionary.indices else None
+        self.default_tau = default_tau
+
+    def split_contents(self, src_tokens: Tensor) -> List[List[List[int]]]:
+        """Per row, its contents as token lists (``<sep>``-separated; ``</s>``/padding dropped;
+        empty contents dropped)."""
+        d = self.dictionary
+        rows = []
+        for row in src_tokens.tolist():
+            contents, cur = [], []
+            for t in row:
+                if t == d.pad() or t == d.eos():
+                    continue
+                if t == self.sep:
+                    if cur:
+                        contents.append(cur)
+                    cur = []
+                else:
+                    cur.append(t)
+            if cur:
+                contents.append(cur)
+            rows.append(contents)
+        return rows
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, content_tau: Optional[Tensor] = None):
+        """src_tokens: ``B x S_raw``; content_tau: 1-D, tau of content k (the last repeats).
+        Returns ``content`` ``[S x B x C]``, ``content_padding_mask`` ``[B x S]``,
+        ``content_bias`` ``[B x S]``."""
+        rows = self.split_contents(src_tokens)
+        dec = self.decoder_ref
+        B, dev = src_tokens.size(0), src_tokens.device
+        segs = [c for contents in rows for c in contents]
+        if content_tau is None:
+            content_tau = torch.tensor([self.default_tau])
+        taus = content_tau.tolist() if torch.is_tensor(content_tau) else list(content_tau)
+        if not segs:  # null content everywhere
+            C = dec.embed_dim
+            return {
+                "content": [src_tokens.new_zeros(0, B, C, dtype=torch.float)],
+                "content_padding_mask": [src_tokens.new_zeros(B, 0, dtype=torch.bool)],
+                "content_bias": [src_tokens.new_zeros(B, 0, dtype=torch.float)],
+            }
+        states, _ = dec.encode_contents(segs, dev)  # N x Lmax x C
+        N, Lmax, C = states.shape
+        flat = states.reshape(N * Lmax, C)
+        lengths = [sum(len(c) for c in contents) for contents in rows]
+        S = max(lengths)
+        index = torch.zeros(B, S, dtype=torch.long)
+        pad = torch.ones(B, S, dtype=torch.bool)
+        bias = torch.zeros(B, S)
+        n = 0
+        for b, contents in enumerate(rows):
+            pos = 0
+            for k, c in enumerate(contents):
+                L = len(c)
+                index[b, pos : pos + L] = torch.arange(L) + n * Lmax
+                pad[b, pos : pos + L] = False
+                bias[b, pos : pos + L] = taus[min(k, len(taus) - 1)]
+                pos += L
+                n += 1
+        content = flat.index_select(0, index.view(-1).to(dev)).view(B, S, C).transpose(0, 1)
+        return {
+            "content": [content],  # S x B x C
+            "content_padding_mask": [pad.to(dev)],
+            "content_bias": [bias.to(dev).to(content.dtype)],
+        }
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return {
+            "content": [encoder_out["content"][0].index_select(1, new_order)],
+            "content_padding_mask": [encoder_out["content_padding_mask"][0].index_select(0, new_order)],
+            "content_bias": [encoder_out["content_bias"][0].index_select(0, new_order)],
+        }
+
+    def max_positions(self):
+        return self.decoder_ref.max_positions()
+
+
+class CoConDecoder(FairseqIncrementalDecoder):
+    """The frozen LM's lower layers, the CoCon block, the LM's upper layers (Eq. 4-8).
+
+    ``bypass = True`` skips the block: the decoder is then exactly the frozen LM (the plain and
+    the prompted LM baselines decode through it; the ``cocon_generation`` task's ``--cocon-mode lm``).
+    """
+
+    def __init__(self, args, dictionary, lm):
+        super().__init__(dictionary)
+        self.lm = lm
+        self.split = args.cocon_layer
+        self.embed_dim = lm.embed_dim if lm.project_in_dim is None else lm.project_in_dim.out_features
+        heads = lm.layers[0].self_attn.num_heads if len(lm.layers) else args.cocon_attention_heads
+        self.block = CoConBlock(
+            self.embed_dim,
+            args.cocon_attention_heads or heads,
+            args.cocon_ffn_dim,
+            dropout=args.cocon_dropout,
+            attention_dropout=args.cocon_attention_dropout,
+            zero_init=bool(args.cocon_zero_init),
+        )
+        self.lm_vocab = lm.output_projection.out_features
+        self.bypass = False
+
+    # -- the LM's pieces ------------------------------------------------------------------
+    def embed(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None):
+        """The LM's input embedding (as fairseq's ``extract_features``); ``token_embeddings``
+        (``B x T x C``, unscaled) replace the lookup of the last T tokens (soft tokens). ``T x B x C``."""
+        lm = self.lm
+        positions = lm.embed_positions(tokens, incremental_state=incremental_state) if lm.embed_positions else None
+        if incremental_state is not None:
+            tokens = tokens[:, -1:] if token_embeddings is None else tokens[:, -token_embeddings.size(1) :]
+            if positions is not None:
+                positions = positions[:, -tokens.size(1) :]
+        x = lm.embed_tokens(tokens) if token_embeddings is None else token_embeddings
+        x = lm.embed_scale * x
+        if lm.project_in_dim is not None:
+            x = lm.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if lm.layernorm_embedding is not None:
+            x = lm.layernorm_embedding(x)
+        x = lm.dropout_module(x)
+        pad = tokens.eq(lm.padding_idx)
+        return x.transpose(0, 1), (pad if pad.any() else None)
+
+    def run_layers(self, x: Tensor, layers, incremental_state=None, padding_mask: Optional[Tensor] = None):
+        # causal mask whenever several positions come at once (also the first incremental call
+        # with a whole prefix: fairseq passes none in incremental mode, assuming one step)
+        mask = self.lm.buffered_future_mask(x) if x.size(0) > 1 else None
+        for layer in layers:
+            x, _, _ = layer(x, None, None, incremental_state, self_attn_mask=mask, self_attn_padding_mask=padding_mask)
+        return x
+
+    def lower(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None):
+        """``enc``: the text's states after layer ``l`` (``T x B x C``) and its padding mask."""
+        x, pad = self.embed(tokens, incremental_state, token_embeddings)
+        return self.run_layers(x, self.lm.layers[: self.split], incremental_state, pad), pad
+
+    def upper(self, h: Tensor, incremental_state=None, padding_mask: Optional[Tensor] = None) -> Tensor:
+        """``dec`` up to the features: layers ``l..``, final LayerNorm; ``B x T x C``."""
+        x = self.run_layers(h, self.lm.layers[self.split :], incremental_state, padding_mask)
+        if self.lm.layer_norm is not None:
+            x = self.lm.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.lm.project_out_dim is not None:
+            x = self.lm.project_out_dim(x)
+        return x
+
+    def lm_logits(self, features: Tensor) -> Tensor:
+        """Logits over the LM's vocabulary only (training)."""
+        return self.lm.output_projection(features)
+
+    def encode_content_tensor(self, content: Tensor):
+        """Lower-layer states of right-padded contents ``B x L`` (no ``</s>``), each run alone
+        after ``</s>``: ``L x B x C`` and the ``B x L`` padding mask."""
+        eos = self.lm.dictionary.eos()
+        toks = torch.cat([content.new_full((content.size(0), 1), eos), content], dim=1)
+        h, _ = self.lower(toks)
+        return h[1:], content.eq(self.lm.padding_idx)
+
+    def encode_contents(self, contents: List[List[int]], device, soft: Optional[Tensor] = None):
+        """Lower-layer states of contents run alone: ``N x Lmax x C`` and the ``N x Lmax``
+        padding mask. Each content is preceded by ``</s>`` (the LM's start), whose state is
+        dropped. ``soft`` (``N x L x C`` unscaled embeddings, e.g. softmax-weighted) replaces the
+        token lookup of every content position (then ``contents`` is ignored)."""
+        eos, pad = self.lm.dictionary.eos(), self.lm.padding_idx
+        if soft is not None:
+            N, L = soft.shape[:2]
+            toks = torch.full((N, L + 1), eos, dtype=torch.long, device=device)
+            bos = self.lm.embed_tokens(toks[:, :1])
+            h, _ = self.lower(toks, token_embeddings=torch.cat([bos, soft], dim=1))
+            return h[1:].transpose(0, 1), torch.zeros(N, L, dtype=torch.bool, device=device)
+        Lmax = max(len(c) for c in contents)
+        toks = torch.full((len(contents), Lmax + 1), pad, dtype=torch.long)
+        toks[:, 0] = eos
+        for i, c in enumerate(contents):
+            toks[i, 1 : len(c) + 1] = torch.tensor(c, dtype=torch.long)
+        toks = toks.to(device)
+        h, _ = self.lower(toks)
+        return h[1:].transpose(0, 1), toks[:, 1:].eq(pad)
+
+    # -- fairseq decoder interface --------------------------------------------------------
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        h, pad = self.lower(prev_output_tokens, incremental_state)
+        if not self.bypass:
+            content = mask = bias = None
+            if encoder_out is not None:
+                content = encoder_out["content"][0]
+                mask, bias = encoder_out["content_padding_mask"][0], encoder_out["content_bias"][0]
+            h, _ = self.block(h, content, mask, bias, incremental_state=incremental_state)
+        return self.upper(h, incremental_state, pad), {"attn": [None]}
+
+    def output_layer(self, features):
+        """The LM's logits, widened with -inf for the task's extra symbols (``<sep>``, ``<prompt>``)."""
+        logits = self.lm_logits(features)
+        extra = len(self.dictionary) - logits.size(-1)
+        if extra > 0:
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], extra), float("-inf"))], dim=-1)
+        return logits
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def max_positions(self):
+        return self.lm.max_positions()
+
+
+@register_model("cocon_lm")
+class CoConModel(FairseqEncoderDecoderModel):
+    """CoCon: the content encoder (LM lower layers on the content) and the CoCon decoder; see
+    the module docstring. ``discriminator``: the adversarial loss's (``cocon`` criterion)."""
+
+    def __init__(self, args, encoder, decoder, discriminator):
+        super().__init__(encoder, decoder)
+        self.args = args
+        self.discriminator = discriminator
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--cocon-lm-path", type=str, metavar="PT", help="frozen fairseq transformer_lm checkpoint")
+        parser.add_argument(
+            "--cocon-lm-dict", type=str, metavar="TXT", help="its dictionary (default: dict.txt beside it)"
+        )
+        parser.add_argument(
+            "--cocon-layer", type=int, metavar="L", help="the block sits after LM layer L (0 <= L <= layers)"
+        )
+        parser.add_argument("--cocon-ffn-dim", type=int, metavar="N", help="inner size of the block's FFN")
+        parser.add_argument(
+            "--cocon-attention-heads", type=int, metavar="N", help="heads of the block (default: the LM's)"
+        )
+        parser.add_argument("--cocon-dropout", type=float, metavar="P", help="dropout in the block")
+        parser.add_argument("--cocon-attention-dropout", type=float, metavar="P", help="attention dropout")
+        parser.add_argument(
+            "--cocon-zero-init",
+            type=int,
+            choices=[0, 1],
+            help="1: the block's output projections start at zero (CoCon starts as the LM)",
+        )
+        parser.add_argument("--cocon-disc-dim", type=int, metavar="N", help="hidden size of the discriminator")
+
+    @classmethod
+    def build_model(cls, args, task):
+        cocon_lm_architecture(args)
+        lm = load_frozen_lm(args.cocon_lm_path, task.target_dictionary, args.cocon_lm_dict)
+        n = len(lm.layers)
+        if not 0 <= args.cocon_layer <= n:
+            raise CoConSetupError(
+                f"--cocon-layer {args.cocon_layer} is outside the LM {args.cocon_lm_path} (it has {n} layers: "
+                f"0 <= L <= {n})"
+            )
+        dim = lm.embed_dim if lm.project_in_dim is None else lm.project_in_dim.out_features
+        if args.cocon_ffn_dim is None:
+            mult = getattr(args, "cocon_ffn_mult", None)
+            args.cocon_ffn_dim = mult * dim if mult else (lm.layers[0].fc1.out_features if n else 4 * dim)
+        decoder = CoConDecoder(args, task.target_dictionary, lm)
+        encoder = CoConEncoder(task.source_dictionary, decoder)
+        return cls(args, encoder, decoder, HiddenStateDiscriminator(dim, args.cocon_disc_dim))
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, **kwargs):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, content_tau=content_tau)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out)
+
+    def train(self, mode: bool = True):
+        """The frozen LM always stays in eval mode (its states are a fixed function)."""
+        super().train(mode)
+        self.decoder.lm.eval()
+        return self
+
+    def trainable_parameters(self):
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def max_positions(self):
+        # one number for source (content) and output alike: both go through the LM's positions
+        return self.decoder.max_positions()
+
+
+@register_model_architecture("cocon_lm", "cocon_lm")
+def cocon_lm_architecture(args):
+    args.cocon_lm_path = getattr(args, "cocon_lm_path", None)
+    args.cocon_lm_dict = getattr(args, "cocon_lm_dict", None)
+    args.cocon_layer = getattr(args, "cocon_layer", None)
+    if args.cocon_layer is None:
+        args.cocon_layer = 1
+    args.cocon_ffn_dim = getattr(args, "cocon_ffn_dim", None)
+    args.cocon_attention_heads = getattr(args, "cocon_attention_heads", None)
+    args.cocon_dropout = getattr(args, "cocon_dropout", None)
+    if args.cocon_dropout is None:
+        args.cocon_dropout = 0.1
+    args.cocon_attention_dropout = getattr(args, "cocon_attention_dropout", None) or 0.0
+    zi = getattr(args, "cocon_zero_init", None)
+    args.cocon_zero_init = 1 if zi is None else zi
+    args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 128
+
+
+@register_model_architecture("cocon_lm", "cocon_lm_small")
+def cocon_lm_small_architecture(args):
+    """The block's FFN 2 x d wide (instead of the LM's), the discriminator 64 wide."""
+    args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 64
+    args.cocon_ffn_mult = 2  # used when --cocon-ffn-dim is not given
+    cocon_lm_architecture(args)

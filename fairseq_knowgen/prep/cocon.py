@@ -1,0 +1,263 @@
+"""Text for CoCon (``examples/cocon/run.sh``): the LM corpus, the contents to decode from, and a
+tiny data set for the benchmark.
+
+``corpus``: sentences for the base LM, the judge LM and CoCon, lower-cased and Moses-tokenized as
+the rest of the package (:func:`.common.moses_tokenize`):
+
+- wikitext-2 (``--wikitext``, e.g. its ``valid.txt``): headings and empty lines dropped, its
+  ``@-@``/``@,@``/``@.@`` joins undone, paragraphs split into sentences after `` . `` / ``?`` / ``!``,
+  sentences with ``<unk>`` dropped;
+- the CommonGen training references (``--commongen``: through :mod:`.commongen`, which also writes
+  the dev concept sets into ``OUT/commongen/``: ``valid.src`` concepts, ``valid.concepts``,
+  ``valid.refs.jsonl``, ``valid.tgt`` the first reference);
+- the WebNLG training texts (``--webnlg``, read by :func:`.webnlg.read_entries`).
+
+Sentences of ``--min-len``..``--max-len`` tokens are kept, shuffled (``--seed``), and split into
+``heldout.txt`` (``--heldout`` sentences of wikitext/WebNLG, never trained on: the contents of the
+paper's own set-up), ``valid.txt`` (``--valid``) and ``train.txt``; ``train.judge.txt`` holds the
+same training sentences in another order (for the judge LM).
+
+``inputs``: the decoding inputs of the ``cocon_generation`` task from BPE'd files (``--bpe-dir``):
+``cg.src`` (CommonGen dev concepts as contents: one content per concept, ``<sep>``-separated, with
+``--content-mode separate``; all concepts as one content with ``joined``), ``cg.prompt.src``
+(``<prompt>`` and the concepts: the prompted LM), ``ht{K}.src`` / ``ht{K}.prompt.src`` for K in
+``--content-lengths`` (K consecutive BPE tokens from a random place in each held-back sentence of
+at least K tokens, as the paper's 5/10/20-token contents), and ``ht{K}.content`` (the content
+with BPE joins undone: the BLEU reference).
+
+    python -m fairseq_knowgen.prep.cocon corpus --wikitext W --commongen C --webnlg N --out RAW
+    python -m fairseq_knowgen.prep.cocon inputs --raw RAW --bpe-dir BPE --out GEN
+"""
+
+import argparse
+import os
+import random
+import re
+import subprocess
+import sys
+from typing import List
+
+from ..textio import DataError, cli_entry, read_lines
+from .common import ensure_dir, moses_tokenize, write_lines
+
+_WIKI_JOINS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+_SENT_END = re.compile(r"(?<= [.?!]) (?=\S)")
+
+
+def wikitext_sentences(path: str) -> List[str]:
+    out = []
+    for line in read_lines(path, "wikitext"):
+        s = line.strip()
+        if not s or s.startswith("="):
+            continue
+        for a, b in _WIKI_JOINS:
+            s = s.replace(a, b)
+        for sent in _SENT_END.split(s):
+            if "<unk>" not in sent:
+                out.append(sent.strip())
+    return out
+
+
+def prepare_corpus(
+    wikitext: str,
+    commongen: str,
+    webnlg: str,
+    out: str,
+    n_heldout: int = 600,
+    n_valid: int = 1000,
+    min_len: int = 4,
+    max_len: int = 60,
+    seed: int = 1,
+):
+    from . import commongen as cg
+    from . import webnlg as wn
+
+    ensure_dir(out)
+    cg.prepare(commongen, os.path.join(out, "commongen"))
+    pool = wikitext_sentences(wikitext) if wikitext else []
+    if webnlg:
+        pool += [text for e in wn.read_entries(os.path.join(webnlg, "train")) for text in e["texts"]]
+    pool = [moses_tokenize(s) for s in pool]
+    common = read_lines(os.path.join(out, "commongen", "train.tgt"), "CommonGen references")
+
+    def ok(s):
+        return min_len <= len(s.split()) <= max_len
+
+    pool = sorted({s for s in pool if ok(s)})
+    common = sorted({s for s in common if ok(s)})
+    rng = random.Random(seed)
+    rng.shuffle(pool)
+    if len(pool) <= n_heldout:
+        raise DataError(out, 0, f"only {len(pool)} wikitext/WebNLG sentences for --heldout {n_heldout}")
+    heldout, rest = pool[:n_heldout], pool[n_heldout:] + common
+    rng.shuffle(rest)
+    valid, train = rest[:n_valid], rest[n_valid:]
+    write_lines(f"{out}/heldout.txt", heldout)
+    write_lines(f"{out}/valid.txt", valid)
+    write_lines(f"{out}/train.txt", train)
+    judge = list(train)
+    random.Random(seed + 1).shuffle(judge)
+    write_lines(f"{out}/train.judge.txt", judge)
+    # what the BPE stage encodes for decoding: concepts (space-separated) and the first references
+    write_lines(f"{out}/cg.concepts.txt", read_lines(f"{out}/commongen/valid.src", "CommonGen concepts"))
+    write_lines(f"{out}/cg.ref.txt", read_lines(f"{out}/commongen/valid.tgt", "CommonGen references"))
+    print(f"train {len(train)}, valid {len(valid)}, heldout {len(heldout)} sentences -> {out}")
+
+
+def unbpe(text: str) -> str:
+    return re.sub(r"@@( |$)", "", text).strip()
+
+
+def make_inputs(bpe_dir: str, out: str, content_mode: str = "separate", lengths=(5, 10, 20), seed: int = 1):
+    ensure_dir(out)
+    concepts_path = f"{bpe_dir}/cg.concepts.txt"
+    concepts = read_lines(concepts_path, "BPE'd concepts", allow_empty_lines=False)
+    words = [c.split() for c in concepts]
+
+    def group(ws: List[str]) -> List[str]:
+        # concept words as BPE'd: a concept is a word and its @@-continued pieces
+        out, cur = [], []
+        for w in ws:
+            cur.append(w)
+            if not w.endswith("@@"):
+                out.append(" ".join(cur))
+                cur = []
+        if cur:
+            out.append(" ".join(cur))
+        return out
+
+    sep = " <sep> " if content_mode == "separate" else " "
+    write_lines(f"{out}/cg.src", (sep.join(group(ws)) for ws in words))
+    write_lines(f"{out}/cg.prompt.src", ("<prompt> " + " ".join(ws) for ws in words))
+    held = [x.split() for x in read_lines(f"{bpe_dir}/heldout.txt", "BPE'd held-back text")]
+    rng = random.Random(seed)
+    for k in lengths:
+        spans = []
+        for toks in held:
+            if len(toks) < k:
+                continue
+            i = rng.randint(0, len(toks) - k)
+            # do not start or end inside a word
+            while i > 0 and toks[i - 1].endswith("@@"):
+                i -= 1
+            span = toks[i : i + k]
+            while span and span[-1].endswith("@@"):
+                span = span[:-1]
+            if span:
+                spans.append(" ".join(span))
+        if not spans:
+            raise DataError(f"{bpe_dir}/heldout.txt", 0, f"no held-back sentence has {k} tokens")
+        write_lines(f"{out}/ht{k}.src", spans)
+        write_lines(f"{out}/ht{k}.prompt.src", ("<prompt> " + s for s in spans))
+        write_lines(f"{out}/ht{k}.content", (unbpe(s) for s in spans))
+        print(f"ht{k}: {len(spans)} contents of up to {k} BPE tokens")
+
+
+def make_benchmark_data(workdir: str, n_train: int, n_valid: int) -> str:
+    """A tiny binarized CoCon data set and a frozen ``transformer_lm`` for ``scripts/benchmark.py``.
+
+    Writes ``workdir/bin`` (sentences from :mod:`fairseq_knowgen.demo_data`'s targets, binarized
+    with ``fairseq-preprocess --only-source``) and ``workdir/bin/lm.pt``: an untrained
+    ``transformer_lm`` (2 layers, 128 wide, 4 heads, FFN 512: the benchmark's default size, so
+    ``--cocon-lm-path {data}/lm.pt``), saved in fairseq's checkpoint format with its ``dict.txt``
+    beside it. Returns the data folder.
+    """
+    from ..demo_data import make_dataset
+
+    raw, out = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
+    make_dataset(raw, train=n_train, valid=n_valid, test=n_valid, seed=7)
+    binary = os.path.dirname(sys.executable)
+    subprocess.run(
+        [
+            os.path.join(binary, "fairseq-preprocess"),
+            "--only-source",
+            "--trainpref",
+            f"{raw}/train.tgt",
+            "--validpref",
+            f"{raw}/valid.tgt",
+            "--destdir",
+            out,
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=2, dim=128, heads=4)
+    return out
+
+
+def save_untrained_lm(data: str, path: str, layers: int, dim: int, heads: int, seed: int = 1):
+    """An untrained fairseq ``transformer_lm`` on ``data``'s dictionary, saved as a checkpoint
+    that ``--cocon-lm-path`` reads (``dict.txt`` copied beside it)."""
+    import shutil
+
+    import torch
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data,
+            "--task",
+            "language_modeling",
+            "--arch",
+            "transformer_lm",
+            "--decoder-layers",
+            str(layers),
+            "--decoder-embed-dim",
+            str(dim),
+            "--decoder-ffn-embed-dim",
+            str(4 * dim),
+            "--decoder-attention-heads",
+            str(heads),
+            "--share-decoder-input-output-embed",
+            "--tokens-per-sample",
+            "256",
+            "--seed",
+            str(seed),
+            "--cpu",
+        ],
+    )
+    torch.manual_seed(seed)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    checkpoint_utils.torch_persistent_save({"cfg": cfg, "model": model.state_dict(), "args": None}, path)
+    src, dst = os.path.join(data, "dict.txt"), os.path.join(os.path.dirname(os.path.abspath(path)), "dict.txt")
+    if not os.path.exists(dst) or not os.path.samefile(src, dst):
+        shutil.copy(src, dst)
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus", help="LM sentences, held-back text, CommonGen dev concept sets")
+    c.add_argument("--wikitext", help="wikitext-2 file (e.g. valid.txt)")
+    c.add_argument("--commongen", required=True, help="folder with the raw CommonGen files")
+    c.add_argument("--webnlg", help="WebNLG folder (train/ is read)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--heldout", type=int, default=600, help="held-back sentences (never trained on)")
+    c.add_argument("--valid", type=int, default=1000, help="validation sentences")
+    c.add_argument("--min-len", type=int, default=4)
+    c.add_argument("--max-len", type=int, default=60)
+    c.add_argument("--seed", type=int, default=1)
+    i = sub.add_parser("inputs", help="decoding inputs (cg.src, ht{K}.src, ...) from BPE'd files")
+    i.add_argument("--bpe-dir", required=True, help="folder with BPE'd cg.concepts.txt and heldout.txt")
+    i.add_argument("--out", required=True)
+    i.add_argument("--content-mode", choices=["separate", "joined"], default="separate")
+    i.add_argument("--content-lengths", default="5,10,20")
+    i.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.cmd == "corpus":
+        prepare_corpus(a.wikitext, a.commongen, a.webnlg, a.out, a.heldout, a.valid, a.min_len, a.max_len, a.seed)
+    else:
+        lengths = [int(x) for x in a.content_lengths.split(",")]
+        make_inputs(a.bpe_dir, a.out, a.content_mode, lengths, a.seed)
+
+
+if __name__ == "__main__":
+    cli_entry(main)

@@ -1,0 +1,326 @@
+"""``cocon_generation``: train CoCon on plain text and decode content-conditioned text with
+``fairseq-generate`` / ``fairseq-interactive`` (Chan et al., ICLR 2021, ``shared/seeds/cocon.zh.txt``).
+
+Data folder ``DATA``: ``dict.txt`` (the LM's dictionary: binarize with the LM's ``--srcdict``);
+the task appends ``<sep>`` and ``<prompt>`` when absent (never fed to the LM, never generated).
+
+- Training/validation splits: fairseq-preprocess ``--only-source`` output (``SPLIT.bin/.idx``), one
+  sentence a line, as for ``--task language_modeling --sample-break-mode eos``. A sample carries
+  ``target`` (the sentence and ``</s>``), ``prev_output_tokens`` (``</s>`` and the sentence) and,
+  as ``src_tokens``, the sentence itself as its content (what decoding a training split conditions
+  on, e.g. in the benchmark). Sentences longer than ``--tokens-per-sample`` are cut (``</s>`` kept);
+  sentences without any word are skipped. The ``cocon`` criterion draws contents from the text.
+- Decoding splits: a text file ``DATA/SPLIT.{--cocon-source-suffix}`` (default ``src``), tokenized
+  and BPE'd as the LM's data, one input a line::
+
+      content one <sep> content two <prompt> optional prompt words
+
+  Contents are separated by ``<sep>``; what follows ``<prompt>`` is the prompt: the output starts
+  with it (fairseq's ``prefix_tokens``, forced per input, so prompts may differ in length) and
+  the hypothesis printed by fairseq includes it. ``fairseq-interactive`` reads lines in the same
+  format. An input without content stops decoding (``file:line``, exit 2), except with
+  ``--cocon-mode lm``.
+
+Decoding flags: ``--cocon-content-bias TAU[,TAU2,...]`` adds tau to the CoCon attention logits
+of content k (Section 3, "Strength of Content Conditioning"; one value per content, the last
+repeats; default 0 = no bias); ``--cocon-mode lm`` skips the CoCon block: the frozen LM inside the
+checkpoint decodes alone (the plain LM from its start symbol, or the prompted LM), with the
+same search. Beam search, ``--sampling``, ``--sampling-topk`` and ``--sampling-topp`` all apply.
+Use ``--max-len-a 0 --max-len-b N`` (the source is the content, not a text to translate).
+
+Training: ``train_step`` hands fairseq's ``update_num`` to the criterion (``set_update_num``), so
+that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates.
+"""
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+from fairseq.data import Dictionary, FairseqDataset, data_utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+from ..models.cocon import PROMPT, SEP, CoConSetupError
+from ..textio import DataError, read_lines
+
+COCON_MODES = ChoiceEnum(["cocon", "lm"])
+
+
+@dataclass
+class CoConGenerationConfig(FairseqDataclass):
+    data: Optional[str] = field(default=None, metadata={"help": "data folder: dict.txt, binarized text splits"})
+    tokens_per_sample: int = field(
+        default=256, metadata={"help": "longest training sentence in tokens (longer ones are cut)"}
+    )
+    cocon_source_suffix: str = field(
+        default="src", metadata={"help": "decoding inputs are read from DATA/SPLIT.SUFFIX when that file exists"}
+    )
+    cocon_content_bias: str = field(
+        default="0",
+        metadata={"help": "tau added to the attention logits of the content (comma list: one per content)"},
+    )
+    cocon_mode: COCON_MODES = field(
+        default="cocon", metadata={"help": "'lm': decode with the frozen LM alone (the CoCon block skipped)"}
+    )
+    seed: int = II("common.seed")
+
+
+def parse_taus(text: str) -> List[float]:
+    try:
+        taus = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--cocon-content-bias: expected comma-separated numbers, got {text!r}") from None
+    return taus
+
+
+class CoConTextDataset(FairseqDataset):
+    """Sentences (``w_1 .. w_n </s>``) for training; see the module docstring."""
+
+    def __init__(self, dataset, dictionary: Dictionary, max_len: int):
+        self.dataset, self.dictionary, self.max_len = dataset, dictionary, max_len
+        raw = np.minimum(np.array(dataset.sizes), max_len)
+        self.keep = np.nonzero(raw >= 2)[0]
+        self.sizes = raw[self.keep]
+
+    def __len__(self):
+        return len(self.keep)
+
+    def __getitem__(self, i):
+        t = self.dataset[int(self.keep[i])].long()
+        if t.numel() > self.max_len:
+            t = torch.cat([t[: self.max_len - 1], t.new_tensor([self.dictionary.eos()])])
+        return {"id": i, "text": t}
+
+    def collater(self, samples):
+        if not samples:
+            return {}
+        d = self.dictionary
+        texts = [s["text"] for s in samples]
+        target = data_utils.collate_tokens(texts, d.pad(), d.eos(), left_pad=False)
+        prev = data_utils.collate_tokens(texts, d.pad(), d.eos(), left_pad=False, move_eos_to_beginning=True)
+        src = data_utils.collate_tokens([t[:-1] for t in texts], d.pad(), d.eos(), left_pad=False)
+        return {
+            "id": torch.LongTensor([s["id"] for s in samples]),
+            "nsentences": len(samples),
+            "ntokens": sum(t.numel() for t in texts),
+            "net_input": {
+                "src_tokens": src,
+                "src_lengths": torch.LongTensor([t.numel() - 1 for t in texts]),
+                "prev_output_tokens": prev,
+            },
+            "target": target,
+        }
+
+    def num_tokens(self, index):
+        return int(self.sizes[index])
+
+    def num_tokens_vec(self, indices):
+        return self.sizes[indices]
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+    def ordered_indices(self):
+        return np.argsort(self.sizes, kind="mergesort")
+
+
+class CoConSourceDataset(FairseqDataset):
+    """Decoding inputs ``content <sep> content <prompt> prompt`` as token tensors."""
+
+    def __init__(self, sources: List[torch.Tensor], dictionary: Dictionary):
+        self.sources, self.dictionary = sources, dictionary
+        self.sizes = np.array([max(s.numel(), 1) for s in sources])
+
+    def __len__(self):
+        return len(self.sources)
+
+    def __getitem__(self, i):
+        return {"id": i, "source": self.sources[i]}
+
+    def collater(self, samples):
+        if not samples:
+            return {}
+        d = self.dictionary
+        srcs = [s["source"] if s["source"].numel() else torch.LongTensor([d.pad()]) for s in samples]
+        return {
+            "id": torch.LongTensor([s["id"] for s in samples]),
+            "nsentences": len(samples),
+            "ntokens": 0,
+            "net_input": {
+                "src_tokens": data_utils.collate_tokens(srcs, d.pad(), d.eos(), left_pad=False),
+                "src_lengths": torch.LongTensor([s["source"].numel() for s in samples]),
+            },
+            "target": None,
+        }
+
+    def num_tokens(self, index):
+        return int(self.sizes[index])
+
+    def num_tokens_vec(self, indices):
+        return self.sizes[indices]
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+    def ordered_indices(self):
+        return np.argsort(self.sizes, kind="mergesort")
+
+
+def split_source(tokens: List[int], d: Dictionary):
+    """``(content ids with <sep>, prompt ids)`` of one source row (``</s>``, padding dropped)."""
+    prompt = d.index(PROMPT)
+    toks = [t for t in tokens if t not in (d.pad(), d.eos())]
+    if prompt in toks:
+        i = toks.index(prompt)
+        return toks[:i], [t for t in toks[i + 1 :] if t != prompt]
+    return toks, []
+
+
+def has_content(content: List[int], d: Dictionary) -> bool:
+    return any(t != d.index(SEP) for t in content)
+
+
+@register_task("cocon_generation", dataclass=CoConGenerationConfig)
+class CoConGenerationTask(FairseqTask):
+    """Content-conditioned LM training and decoding for ``--arch cocon_lm``; see the module docstring."""
+
+    def __init__(self, cfg: CoConGenerationConfig, dictionary: Dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.taus = parse_taus(cfg.cocon_content_bias)
+
+    @classmethod
+    def load_cocon_dictionary(cls, path: str) -> Dictionary:
+        d = Dictionary.load(path)
+        for sym in (SEP, PROMPT):
+            if sym not in d.indices:
+                d.add_symbol(sym)
+        return d
+
+    @classmethod
+    def setup_task(cls, cfg: CoConGenerationConfig, **kwargs):
+        path = os.path.join(cfg.data.split(os.pathsep)[0], "dict.txt")
+        if not os.path.isfile(path):
+            print(f"error: {path}: dictionary not found (the LM's dict.txt in the data folder)", file=sys.stderr)
+            sys.exit(2)
+        try:
+            parse_taus(cfg.cocon_content_bias)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        return cls(cfg, cls.load_cocon_dictionary(path))
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    def max_positions(self):
+        return self.cfg.tokens_per_sample
+
+    def encode_sources(self, lines: List[str], path: str = "input") -> List[torch.Tensor]:
+        out = []
+        for n, line in enumerate(lines, start=1):
+            ids = self.dictionary.encode_line(line, add_if_not_exist=False, append_eos=False).long()
+            content, _ = split_source(ids.tolist(), self.dictionary)
+            if str(self.cfg.cocon_mode) == "cocon" and not has_content(content, self.dictionary):
+                raise DataError(path, n, "empty content (write 'content [<sep> content] [<prompt> prompt]')")
+            out.append(ids)
+        return out
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = self.cfg.data.split(os.pathsep)
+        base = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        text = f"{base}.{self.cfg.cocon_source_suffix}"
+        if os.path.isfile(text):
+            try:
+                sources = self.encode_sources(read_lines(text, "CoCon input"), text)
+            except DataError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(2)
+            self.datasets[split] = CoConSourceDataset(sources, self.dictionary)
+            return
+        data = data_utils.load_indexed_dataset(base, self.dictionary, None)
+        if data is None:
+            print(f"error: {base}: neither binarized text ({base}.bin) nor decoding inputs ({text})", file=sys.stderr)
+            sys.exit(2)
+        self.datasets[split] = CoConTextDataset(data, self.dictionary, self.cfg.tokens_per_sample)
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's; decoding inputs are batched with ``required_batch_size_multiple=1`` whatever
+        the flag says: this fairseq drops a last batch that is not a multiple of it (default 8),
+        and with it inputs, silently."""
+        if isinstance(dataset, CoConSourceDataset):
+            if len(args) > 4:  # positional: max_tokens, max_sentences, max_positions, ignore_invalid, multiple
+                args = (*args[:4], 1, *args[5:])
+            else:
+                kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, **kwargs):
+        """fairseq-interactive: the encoded lines (same format as the decoding files)."""
+        for i, t in enumerate(src_tokens):
+            content, _ = split_source(t.tolist(), self.dictionary)
+            if str(self.cfg.cocon_mode) == "cocon" and not has_content(content, self.dictionary):
+                print(f"error: input line {i + 1}: empty content", file=sys.stderr)
+                sys.exit(2)
+        return CoConSourceDataset([t.long() for t in src_tokens], self.dictionary)
+
+    def build_model(self, cfg, from_checkpoint=False):
+        try:
+            model = super().build_model(cfg, from_checkpoint)
+        except CoConSetupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        if str(self.cfg.cocon_mode) == "lm" and hasattr(model, "decoder") and hasattr(model.decoder, "bypass"):
+            model.decoder.bypass = True
+        return model
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if hasattr(criterion, "set_update_num"):
+            criterion.set_update_num(update_num)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def conditioned_sample(self, sample):
+        """Split every source row into its contents (the encoder's input) and its prompt
+        (``prefix_tokens``, padded; None when no row has one). Stops (exit 2) on an input
+        without content, except with ``--cocon-mode lm``."""
+        d = self.dictionary
+        rows = [split_source(r, d) for r in sample["net_input"]["src_tokens"].tolist()]
+        if str(self.cfg.cocon_mode) == "cocon":
+            for b, (content, _) in enumerate(rows):
+                if not has_content(content, d):
+                    which = f"input {sample['id'][b].item()}" if "id" in sample else f"input {b + 1}"
+                    print(f"error: {which}: empty content", file=sys.stderr)
+                    sys.exit(2)
+        dev = sample["net_input"]["src_tokens"].device
+        width = max(1, max(len(c) for c, _ in rows))
+        src = torch.full((len(rows), width), d.pad(), dtype=torch.long)
+        for b, (c, _) in enumerate(rows):
+            src[b, : len(c)] = torch.tensor(c, dtype=torch.long)
+        prefix = None
+        if any(p for _, p in rows):
+            prefix = torch.full((len(rows), max(len(p) for _, p in rows)), d.pad(), dtype=torch.long)
+            for b, (_, p) in enumerate(rows):
+                prefix[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+            prefix = prefix.to(dev)
+        net_input = {
+            "src_tokens": src.to(dev),
+            "src_lengths": torch.tensor([len(c) for c, _ in rows], device=dev),
+            "content_tau": torch.tensor(self.taus),
+        }
+        return {**sample, "net_input": net_input}, prefix
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        new, prompt = self.conditioned_sample(sample)
+        with torch.no_grad():
+            return generator.generate(
+                models, new, prefix_tokens=prompt if prefix_tokens is None else prefix_tokens, constraints=constraints
+            )

@@ -163,7 +163,7 @@ class CoConCriterion(FairseqCriterion):
         """q^1 = f(p', c) as soft tokens (Eq. 11): ``B x steps x V`` distributions, generated
         incrementally after the prefix inputs (``</s> p'``, no padding)."""
         inc = {}
-        h, _ = dec.lower(prefix_inputs, inc)
+        h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
         h, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
         feats = dec.upper(h, inc)[:, -1:]
         toks, ys = prefix_inputs, []

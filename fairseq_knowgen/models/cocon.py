@@ -248,16 +248,36 @@ class CoConDecoder(FairseqIncrementalDecoder):
         self.bypass = False
 
     # -- the LM's pieces ------------------------------------------------------------------
-    def embed(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None):
-        """The LM's input embedding (as fairseq's ``extract_features``); ``token_embeddings``
-        (``B x T x C``, unscaled) replace the lookup of the last T tokens (soft tokens). ``T x B x C``."""
+    def embed(
+        self,
+        tokens: Tensor,
+        incremental_state=None,
+        token_embeddings: Optional[Tensor] = None,
+        new: Optional[int] = None,
+    ):
+        """The LM's input embedding (as fairseq's ``extract_features``) of the last ``new`` positions
+        of ``tokens`` (default: the last one in incremental mode, else all); ``token_embeddings``
+        (``B x new x C``, unscaled) replace their lookup (soft tokens). Returns ``new x B x C`` and
+        the padding mask of those positions (None without padding)."""
         lm = self.lm
-        positions = lm.embed_positions(tokens, incremental_state=incremental_state) if lm.embed_positions else None
-        if incremental_state is not None:
-            tokens = tokens[:, -1:] if token_embeddings is None else tokens[:, -token_embeddings.size(1) :]
+        if new is None:
+            new = token_embeddings.size(1) if token_embeddings is not None else (1 if incremental_state else None)
+        if new == 1 and incremental_state is not None:
+            # fairseq's O(1) position of the one new step
+            positions = lm.embed_positions(tokens, incremental_state=incremental_state) if lm.embed_positions else None
+        else:
+            positions = lm.embed_positions(tokens) if lm.embed_positions else None
+        if new is not None:
+            tokens = tokens[:, -new:]
             if positions is not None:
-                positions = positions[:, -tokens.size(1) :]
-        x = lm.embed_tokens(tokens) if token_embeddings is None else token_embeddings
+                positions = positions[:, -new:]
+        if token_embeddings is None:
+            # beam search carries -inf candidates, among them the task's extra symbols (<sep>, <prompt>),
+            # which the LM has no embedding for: they never win, any embedding will do
+            vocab = lm.embed_tokens.num_embeddings
+            x = lm.embed_tokens(tokens.masked_fill(tokens >= vocab, lm.dictionary.unk()))
+        else:
+            x = token_embeddings
         x = lm.embed_scale * x
         if lm.project_in_dim is not None:
             x = lm.project_in_dim(x)
@@ -277,9 +297,10 @@ class CoConDecoder(FairseqIncrementalDecoder):
             x, _, _ = layer(x, None, None, incremental_state, self_attn_mask=mask, self_attn_padding_mask=padding_mask)
         return x
 
-    def lower(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None):
-        """``enc``: the text's states after layer ``l`` (``T x B x C``) and its padding mask."""
-        x, pad = self.embed(tokens, incremental_state, token_embeddings)
+    def lower(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None, new=None):
+        """``enc``: the states after layer ``l`` of the last ``new`` positions (see :meth:`embed`;
+        ``T x B x C``) and their padding mask."""
+        x, pad = self.embed(tokens, incremental_state, token_embeddings, new)
         return self.run_layers(x, self.lm.layers[: self.split], incremental_state, pad), pad
 
     def upper(self, h: Tensor, incremental_state=None, padding_mask: Optional[Tensor] = None) -> Tensor:

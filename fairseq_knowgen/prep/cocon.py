@@ -225,7 +225,21 @@ def save_untrained_lm(data: str, path: str, layers: int, dim: int, heads: int, s
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
-    checkpoint_utils.torch_persistent_save({"cfg": cfg, "model": model.state_dict(), "args": None}, path)
+    from omegaconf import OmegaConf
+
+    # as fairseq's trainer saves it: a plain container (torch's weights-only loader reads it)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    state = {
+        "cfg": plain,
+        "model": model.state_dict(),
+        "args": None,
+        "optimizer_history": [
+            {"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {"best": None}}
+        ],
+        "extra_state": {"train_iterator": {"epoch": 0, "iterations_in_epoch": 0}},
+        "last_optimizer_state": None,
+    }
+    checkpoint_utils.torch_persistent_save(state, path)
     src, dst = os.path.join(data, "dict.txt"), os.path.join(os.path.dirname(os.path.abspath(path)), "dict.txt")
     if not os.path.exists(dst) or not os.path.samefile(src, dst):
         shutil.copy(src, dst)

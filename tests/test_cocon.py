@@ -1,0 +1,546 @@
+"""CoCon (shared/seeds/cocon.zh.txt): the block's attention against a hand computation (Eq. 6), the
+content bias tau, null content, the self-reconstruction mask, incremental == full decoding (also
+across a beam reorder), the frozen LM, the losses' gradients, the update counting, decoding with
+fairseq's search, bad input."""
+
+import math
+import random
+
+import pytest
+import torch
+from conftest import run_cli
+from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
+
+from fairseq_knowgen.criterions.cocon import CoConCriterion, sample_splits
+from fairseq_knowgen.modules.cocon_block import CoConAttention, CoConBlock
+from fairseq_knowgen.modules.cocon_discriminator import HiddenStateDiscriminator, discriminator_losses
+
+WORDS = "dog cat ball park run jump play throw catch field river boat sit swim the a and in".split()
+
+
+def write_sentences(path, n, seed):
+    rng = random.Random(seed)
+    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n)) + "\n")
+
+
+@pytest.fixture(scope="session")
+def cocon_data(tmp_path_factory):
+    """Binarized sentences (dict.txt, train, valid) and an untrained 2-layer transformer_lm on them."""
+    from fairseq_knowgen.prep.cocon import save_untrained_lm
+
+    raw = tmp_path_factory.mktemp("coconraw")
+    write_sentences(raw / "train.txt", 200, 0)
+    write_sentences(raw / "valid.txt", 20, 1)
+    out = tmp_path_factory.mktemp("coconbin")
+    run_cli(
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        raw / "train.txt",
+        "--validpref",
+        raw / "valid.txt",
+        "--destdir",
+        out,
+        "--workers",
+        "1",
+    )
+    lm_dir = tmp_path_factory.mktemp("coconlm")
+    save_untrained_lm(str(out), str(lm_dir / "lm.pt"), layers=2, dim=16, heads=2)
+    return out, lm_dir / "lm.pt"
+
+
+def build(cocon_data, *extra):
+    data, lm = cocon_data
+    args = ["--cocon-lm-path", lm, "--cocon-layer", "1", "--cocon-zero-init", "0", "--cocon-dropout", "0", *extra]
+    task, model, _ = build_task_and_model(data, "cocon_lm", *args, task="cocon_generation")
+    return task, model.eval()
+
+
+# -- the block (Eq. 5-7) -------------------------------------------------------------------------------------
+
+
+def hand_attention(attn, x, c, tau=None, pad=None):
+    """Eq. 6 with one head, written out per query and key from the projection weights."""
+    T, S = x.size(0), (0 if c is None else c.size(0))
+    Wq, bq = attn.q_proj.weight, attn.q_proj.bias
+    Wk, bk = attn.k_proj.weight, attn.k_proj.bias
+    Wv, bv = attn.v_proj.weight, attn.v_proj.bias
+    keys = ([] if c is None else [c[s, 0] for s in range(S)]) + [x[t, 0] for t in range(T)]
+    out = []
+    for i in range(T):
+        q = Wq @ x[i, 0] + bq
+        logits = []
+        for j, kv in enumerate(keys):
+            score = float(q @ (Wk @ kv + bk)) / math.sqrt(x.size(-1))
+            if j < S:
+                if pad is not None and pad[j]:
+                    score = -math.inf
+                elif tau is not None:
+                    score += tau[j]
+            elif j - S > i:  # causal: query i sees self positions 0..i
+                score = -math.inf
+            logits.append(score)
+        m = max(logits)
+        w = [math.exp(v - m) for v in logits]
+        z = sum(w)
+        ctx = sum((wi / z) * (Wv @ kv + bv) for wi, kv in zip(w, keys))
+        out.append(attn.out_proj.weight @ ctx + attn.out_proj.bias)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("tau", [None, [0.0, 0.0, 0.0], [2.0, -1.0, 5.0]])
+def test_attention_over_content_and_causal_self_by_hand(tau):
+    torch.manual_seed(0)
+    attn = CoConAttention(4, 1).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p)
+    x, c = torch.randn(3, 1, 4).double(), torch.randn(3, 1, 4).double()
+    pad = torch.tensor([[False, False, True]])
+    bias = None if tau is None else torch.tensor([tau]).double()
+    got, w = attn(x, c, pad, bias, need_weights=True)
+    want = hand_attention(attn, x, c, None if tau is None else tau, pad[0])
+    assert torch.allclose(got[:, 0], want, atol=1e-10)
+    assert w[0, 0, :, 2].eq(0).all()  # padded content position
+    assert w[0, 0, 0, 4:].eq(0).all() and w[0, 0, 1, 5].eq(0)  # causal self part
+
+
+def test_null_content_is_attention_over_self_only():
+    torch.manual_seed(1)
+    block = CoConBlock(4, 1, 8, dropout=0.0, zero_init=False).double()
+    h, c = torch.randn(3, 2, 4).double(), torch.randn(2, 2, 4).double()
+    null, _ = block(h)
+    all_padded, _ = block(h, c, torch.ones(2, 2, dtype=torch.bool))
+    assert torch.allclose(null, all_padded, atol=1e-12)
+    a = hand_attention(block.attn, block.attn_layer_norm(h[:, :1]), None)
+    h1 = h[:, 0] + a
+    want = h1 + block.fc2(torch.nn.functional.gelu(block.fc1(block.ffn_layer_norm(h1))))
+    assert torch.allclose(null[:, 0], want, atol=1e-10)
+
+
+def test_tau_zero_is_no_bias_and_tau_raises_content_attention():
+    torch.manual_seed(2)
+    block = CoConBlock(8, 2, 16, dropout=0.0, zero_init=False)
+    h, c = torch.randn(5, 3, 8), torch.randn(4, 3, 8)
+    plain, w0 = block(h, c, need_weights=True)
+    zero, _ = block(h, c, content_bias=torch.zeros(3, 4))
+    assert torch.equal(plain, zero)
+    mass = [block(h, c, content_bias=torch.full((3, 4), t), need_weights=True)[1][..., :4].sum(-1) for t in (0, 2, 5)]
+    assert (mass[1] > mass[0]).all() and (mass[2] > mass[1]).all()
+    assert torch.allclose(mass[0], w0[..., :4].sum(-1))
+
+
+def test_zero_init_block_leaves_the_lm_unchanged(cocon_data):
+    """With --cocon-zero-init 1 the block's output projections are zero: CoCon computes the LM exactly."""
+    task, model = build(cocon_data, "--cocon-zero-init", "1")
+    batch = first_batch(task)
+    prev = batch["net_input"]["prev_output_tokens"]
+    enc = model.encoder(batch["net_input"]["src_tokens"])
+    with torch.no_grad():
+        cocon = model.decoder(prev, encoder_out=enc)[0]
+        model.decoder.bypass = True
+        lm = model.decoder(prev, encoder_out=enc)[0]
+        direct = model.decoder.lm(prev)[0]
+    n = direct.size(-1)
+    assert torch.allclose(cocon[..., :n], lm[..., :n], atol=1e-6)
+    assert torch.equal(lm[..., :n], direct)
+    assert torch.isinf(lm[..., n:]).all()  # <sep>, <prompt> are never generated
+
+
+# -- the self-reconstruction mask -------------------------------------------------------------------------------
+
+
+def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_data):
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task)
+    batch = first_batch(task)
+    target = batch["target"]
+    n_words = target.ne(1).sum(1) - 1
+    t = torch.minimum(torch.full_like(n_words, 2), n_words - 1)
+    dec = model.decoder
+    content, states, cpad, qmask = crit.self_content(dec, target, n_words, t)
+    b = int((~cpad).sum(1).argmax())
+    L = int((~cpad[b]).sum())
+    assert L >= 3
+    for j in range(L):
+        # input position t+j predicts target[t+j] = x^b_j, which is content token j
+        assert target[b, t[b] + j] == content[b, j]
+        assert qmask[b, t[b] + j].nonzero().flatten().tolist() == [j]
+    assert not qmask[b, : t[b]].any()
+    # behaviour: changing content state j changes no output at the step predicting x^b_j
+    h, _ = dec.lower(batch["net_input"]["prev_output_tokens"])
+    with torch.no_grad():
+        out1, _ = dec.block(h, states, cpad, None, content_attn_mask=qmask)
+        changed = states.clone()
+        changed[1, b] = torch.randn_like(changed[1, b]) * 3  # (a constant shift would vanish in the LayerNorm)
+        out2, _ = dec.block(h, changed, cpad, None, content_attn_mask=qmask)
+    diff = (out1[:, b] - out2[:, b]).abs().amax(-1)
+    assert diff[t[b] + 1] == 0 and diff[t[b]] > 1e-4 and diff[t[b] + 2] > 1e-4
+
+
+def test_split_points_within_bounds():
+    n = torch.tensor([1, 2, 5, 9, 30])
+    for _ in range(50):
+        t = sample_splits(n, 0, 1)
+        assert (t >= 0).all() and (t <= (n - 1)).all()
+        t = sample_splits(n, 3, 2)
+        assert (t <= (n - 1).clamp(min=0)).all()
+        assert ((t >= 3) | (n - 2 < 3)).all()
+
+
+# -- incremental decoding ---------------------------------------------------------------------------------------
+
+
+def test_incremental_equals_full_decoding_with_several_contents_and_tau(cocon_data):
+    task, model = build(cocon_data)
+    d = task.target_dictionary
+    sep = d.index("<sep>")
+    src = torch.tensor([[4, 5, sep, 6, 7, 8], [9, 10, 11, 1, 1, 1], [12, sep, 13, sep, 14, 1]])
+    enc = model.encoder(src, content_tau=torch.tensor([2.0, 0.5]))
+    # tau per content: row 0 = [2, 2, 0.5, 0.5, 0.5], row 2 = [2, 0.5, 0.5]
+    assert enc["content_bias"][0][0].tolist() == [2.0, 2.0, 0.5, 0.5, 0.5]
+    assert enc["content_bias"][0][2, :3].tolist() == [2.0, 0.5, 0.5] and enc["content_padding_mask"][0][2, 3:].all()
+    prev = torch.tensor([[2, 4, 9, 7, 5, 6], [2, 8, 8, 10, 4, 12], [2, 5, 13, 14, 9, 9]])
+    full, steps = decode_full_and_stepwise(model, enc, prev)
+    for t, (step, _) in enumerate(steps):
+        assert torch.allclose(step[:, 0], full[0][:, t], atol=1e-5), t
+
+
+def test_incremental_state_follows_a_beam_reorder(cocon_data):
+    task, model = build(cocon_data)
+    src = torch.tensor([[4, 5, 6], [7, 8, 1]])
+    prev = torch.tensor([[2, 4, 9, 7, 5], [2, 8, 8, 10, 4]])
+    enc = model.encoder(src, content_tau=torch.tensor([1.0]))
+    order = torch.tensor([1, 0])
+    with torch.no_grad():
+        state = {}
+        for t in range(2):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc_r = model.encoder.reorder_encoder_out(enc, order)
+        prev_r = prev.index_select(0, order)
+        outs = [model.decoder(prev_r[:, : t + 1], encoder_out=enc_r, incremental_state=state)[0] for t in range(2, 5)]
+        full = model.decoder(prev_r, encoder_out=enc_r)[0]
+    for i, t in enumerate(range(2, 5)):
+        assert torch.allclose(outs[i][:, 0], full[:, t], atol=1e-5)
+
+
+def test_content_keys_are_computed_once_per_sentence(cocon_data):
+    """O(1) work per new token: after the first step, the content's keys/values come from the cache
+    (the content encoder and the content projections are not run again)."""
+    task, model = build(cocon_data)
+    src = torch.tensor([[4, 5, 6, 7]])
+    enc = model.encoder(src)
+    calls = []
+    handle = model.decoder.block.attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].size(0)))
+    with torch.no_grad():
+        state = {}
+        for t in range(4):
+            model.decoder(torch.tensor([[2, 4, 5, 6, 7]])[:, : t + 1], encoder_out=enc, incremental_state=state)
+    handle.remove()
+    # first step: content (4 positions) and the new token; then only the new token
+    assert calls == [1, 4, 1, 1, 1] or calls == [4, 1, 1, 1, 1]
+
+
+# -- the losses --------------------------------------------------------------------------------------------------
+
+
+def test_discriminator_and_generator_gradients_are_separated():
+    torch.manual_seed(3)
+    disc = HiddenStateDiscriminator(8, 16)
+    real = torch.randn(3, 5, 8, requires_grad=True)
+    fake = torch.randn(3, 5, 8, requires_grad=True)
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    pad[0, 3:] = True
+    l_disc, l_adv = discriminator_losses(disc, real, fake, pad)
+    g = torch.autograd.grad(l_disc, [real, fake, *disc.parameters()], allow_unused=True)
+    assert g[0] is None and g[1] is None and all(x is not None and x.abs().sum() > 0 for x in g[2:])
+    g = torch.autograd.grad(l_adv, [real, fake, *disc.parameters()], allow_unused=True)
+    assert g[0] is None and g[1].abs().sum() > 0 and all(x is None for x in g[2:])
+    assert g[1][0, 3:].eq(0).all()  # padded positions are not pooled
+    # L_adv = -log sigmoid(D(fake)), by hand
+    z = disc(fake, pad)
+    assert torch.allclose(l_adv, -torch.nn.functional.logsigmoid(z).sum())
+
+
+def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_cycle_steps=3)
+    model.train()
+    batch = first_batch(task)
+    dec = model.decoder
+    target, prev = batch["target"], batch["net_input"]["prev_output_tokens"]
+    n_words = target.ne(1).sum(1) - 1
+    h, pad = dec.lower(prev)
+    loss, n = crit.cycle_loss(model, batch, h, pad, n_words)
+    loss.backward()
+    assert n > 0 and loss > 0
+    grads = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
+    assert all(grads[k] is not None and grads[k].abs().sum() > 0 for k in grads if k.startswith("decoder.block."))
+    assert all(p.grad is None for p in dec.lm.parameters())
+    # the first pass alone (q^1 from p' and q) carries gradient too: the soft tokens are differentiable
+    model.zero_grad()
+    q = target[:, :3].clone()
+    qs, qp = dec.encode_content_tensor(q)
+    q1 = crit.generate_soft(dec, prev[:, :2], qs, qp)
+    assert q1.shape[1] == 3 and torch.allclose(q1.sum(-1), torch.ones(q1.shape[:2]))
+    q1[..., 5].sum().backward()
+    assert dec.block.attn.k_proj.weight.grad.abs().sum() > 0
+
+
+def test_soft_generation_equals_a_full_recomputation(cocon_data):
+    """The incremental soft generation of the cycle equals running the whole soft sequence at once."""
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_cycle_steps=4)
+    dec = model.decoder
+    prefix = torch.tensor([[2, 4, 5], [2, 6, 7]])
+    content = torch.tensor([[8, 9, 10], [11, 12, 1]])
+    cs, cp = dec.encode_content_tensor(content)
+    with torch.no_grad():
+        ys = crit.generate_soft(dec, prefix, cs, cp)
+        emb = dec.lm.embed_tokens
+        soft = torch.cat([emb(prefix), ys[:, :-1] @ emb.weight], dim=1)
+        toks = torch.cat([prefix, torch.full((2, 3), 3)], dim=1)
+        h, _ = dec.lower(toks, token_embeddings=soft)
+        h, _ = dec.block(h, cs, cp)
+        logits = dec.lm_logits(dec.upper(h))
+    want = torch.softmax(logits[:, prefix.size(1) - 1 :], -1)
+    assert torch.allclose(ys, want, atol=1e-5)
+
+
+def test_cycle_and_adversarial_losses_start_at_their_update(cocon_data):
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_cycle_start=3, cocon_adv_start=5, cocon_cycle_steps=2)
+    model.train()
+    batch = first_batch(task)
+    seen = {}
+    for n in (0, 2, 3, 4, 5, 9):
+        crit.set_update_num(n)
+        _, _, log = crit(model, batch)
+        seen[n] = ("loss_cycle" in log, "loss_adv" in log and "loss_disc" in log)
+    assert seen == {0: (0, 0), 2: (0, 0), 3: (1, 0), 4: (1, 0), 5: (1, 1), 9: (1, 1)}
+    model.eval()
+    _, _, log = crit(model, batch)
+    assert "loss_cycle" not in log and "loss_adv" not in log and "loss_null" in log
+
+
+def test_loss_goes_down_and_only_cocon_learns(cocon_data):
+    task, model = build(cocon_data)
+    # the adversarial pair is on too (its gradients are checked above) but weighs little: pushing CoCon's states
+    # towards the LM's works against reconstruction in a 16-wide random LM
+    crit = CoConCriterion(
+        task, cocon_cycle_start=0, cocon_adv_start=0, cocon_cycle_steps=2, cocon_adv_weight=0.01, cocon_disc_weight=0.01
+    )
+    lm_before = {k: v.clone() for k, v in model.decoder.lm.state_dict().items()}
+    cocon_before = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    batch = first_batch(task, max_sentences=8)
+
+    def self_loss():  # validation mode: the split points are a function of the sample ids
+        model.eval()
+        with torch.no_grad():
+            _, size, log = crit(model, batch)
+        model.train()
+        return log["loss_self"] / size
+
+    before = self_loss()
+    torch.manual_seed(0)
+    for step in range(40):
+        crit.set_update_num(step)
+        loss, size, log = crit(model, batch)
+        (loss / size).backward()
+        opt.step()
+        opt.zero_grad()
+    after = self_loss()
+    assert after < before - 0.5, (before, after)
+    for k, v in model.decoder.lm.state_dict().items():
+        assert torch.equal(v, lm_before[k]), k
+    changed = [k for k, p in model.named_parameters() if p.requires_grad and not torch.equal(p, cocon_before[k])]
+    assert sorted(changed) == sorted(cocon_before)
+    assert all(k.startswith(("decoder.block.", "discriminator.")) for k in cocon_before)
+
+
+# -- fairseq's search --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "gen", [dict(beam=3), dict(beam=1, sampling=True), dict(beam=1, sampling=True, sampling_topp=0.5)]
+)
+def test_search_forces_each_prompt_and_keeps_every_input(cocon_data, gen):
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from fairseq_knowgen.tasks.cocon_generation import CoConSourceDataset
+
+    task, model = build(cocon_data)
+    d = task.target_dictionary
+    lines = ["dog ball <prompt> the cat", "river <sep> boat", "swim <sep> park <prompt> a", "run jump"]
+    ds = CoConSourceDataset(task.encode_sources(lines), d)
+    batch = ds.collater([ds[i] for i in range(len(ds))])
+    generator = task.build_generator([model], GenerationConfig(max_len_a=0, max_len_b=6, **gen))
+    hyps = task.inference_step(generator, [model], batch)
+    assert len(hyps) == 4
+    for line, hs in zip(lines, hyps):
+        prompt = line.split("<prompt>")[1].split() if "<prompt>" in line else []
+        for h in hs:
+            words = d.string(h["tokens"]).split()
+            assert words[: len(prompt)] == prompt
+            assert "<sep>" not in words and "<prompt>" not in words
+
+
+@pytest.fixture(scope="session")
+def cocon_ckpt(cocon_data, tmp_path_factory):
+    """cocon_lm_small after 3 updates of fairseq-train with every loss on from the start."""
+    data, lm = cocon_data
+    ckpt = tmp_path_factory.mktemp("coconckpt")
+    run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--task",
+        "cocon_generation",
+        "--arch",
+        "cocon_lm_small",
+        "--cocon-lm-path",
+        lm,
+        "--criterion",
+        "cocon",
+        "--cocon-cycle-start",
+        "0",
+        "--cocon-adv-start",
+        "0",
+        "--cocon-cycle-steps",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "500",
+        "--max-update",
+        "3",
+        "--save-dir",
+        ckpt,
+        "--no-epoch-checkpoints",
+        "--no-progress-bar",
+    )
+    return ckpt / "checkpoint_last.pt"
+
+
+def test_frozen_lm_unchanged_and_without_optimizer_state(cocon_data, cocon_ckpt):
+    data, lm = cocon_data
+    state = torch.load(cocon_ckpt, weights_only=False)
+    lm_state = torch.load(lm, weights_only=False)["model"]
+    for k, v in lm_state.items():
+        assert torch.equal(state["model"]["decoder.lm." + k.split("decoder.", 1)[1]], v), k
+    n_trainable = sum(v.numel() for k, v in state["model"].items() if not k.startswith("decoder.lm."))
+    exp_avg = sum(s["exp_avg"].numel() for s in state["last_optimizer_state"]["state"].values())
+    assert exp_avg == n_trainable
+
+
+def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
+    data, lm = cocon_data
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "dict.txt").write_text((data / "dict.txt").read_text())
+    lines = ["dog <sep> ball", "cat <prompt> the river", "swim park"] * 3
+    (gen / "test.src").write_text("\n".join(lines) + "\n")
+    common = ["--user-dir", "fairseq_knowgen", "--task", "cocon_generation", "--path", cocon_ckpt]
+    common += ["--max-len-a", "0", "--max-len-b", "5", "--cpu", "--cocon-content-bias", "2"]
+    out = run_cli("fairseq-generate", gen, *common, "--gen-subset", "test", "--beam", "3").stdout
+    hyps = [x for x in out.splitlines() if x.startswith("H-")]
+    assert len(hyps) == 9  # fairseq's batching drops none (its default --required-batch-size-multiple is 8)
+    out = run_cli("fairseq-interactive", gen, *common, "--beam", "2", "--input", gen / "test.src").stdout
+    hyps = [x.split("\t")[2] for x in out.splitlines() if x.startswith("H-")]
+    assert len(hyps) == 9 and all(h.split()[:2] == ["the", "river"] for h in hyps[1::3])
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+
+def train_cli(data, *extra):
+    return run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--cpu",
+        "--task",
+        "cocon_generation",
+        "--arch",
+        "cocon_lm",
+        "--criterion",
+        "cocon",
+        "--optimizer",
+        "adam",
+        "--max-update",
+        "1",
+        "--max-tokens",
+        "500",
+        "--no-save",
+        *extra,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("case", ["missing", "layer", "dictionary", "not_a_checkpoint"])
+def test_incompatible_lm_stops_with_a_clear_message(cocon_data, tmp_path, case):
+    from fairseq_knowgen.prep.cocon import save_untrained_lm
+
+    data, lm = cocon_data
+    args = ["--cocon-lm-path", lm]
+    want = None
+    if case == "missing":
+        args, want = ["--cocon-lm-path", tmp_path / "nope.pt"], "LM checkpoint not found"
+    elif case == "layer":
+        args, want = args + ["--cocon-layer", "3"], "--cocon-layer 3 is outside the LM"
+    elif case == "dictionary":
+        other = tmp_path / "other"
+        write_sentences(tmp_path / "o.txt", 30, 9)
+        (tmp_path / "o.txt").write_text((tmp_path / "o.txt").read_text() + "zebra giraffe\n")
+        run_cli("fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "o.txt", "--destdir", other)
+        save_untrained_lm(str(other), str(other / "lm.pt"), layers=1, dim=8, heads=2)
+        args, want = ["--cocon-lm-path", other / "lm.pt"], "the LM's dictionary differs from the data's"
+    else:
+        (tmp_path / "bad.pt").write_text("not a checkpoint")
+        args, want = ["--cocon-lm-path", tmp_path / "bad.pt"], "not a readable fairseq checkpoint"
+    proc = train_cli(data, *args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert want in proc.stderr
+
+
+def test_empty_content_names_file_and_line(cocon_data, cocon_ckpt, tmp_path):
+    data, lm = cocon_data
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "dict.txt").write_text((data / "dict.txt").read_text())
+    (gen / "test.src").write_text("dog ball\n<sep> <prompt> the cat\nriver\n")
+    task, model = build(cocon_data)
+    from fairseq_knowgen.textio import DataError
+
+    with pytest.raises(DataError, match=r"test.src:2: empty content"):
+        task.encode_sources((gen / "test.src").read_text().splitlines(), str(gen / "test.src"))
+    proc = run_cli(
+        "fairseq-generate",
+        gen,
+        "--user-dir",
+        "fairseq_knowgen",
+        "--task",
+        "cocon_generation",
+        "--gen-subset",
+        "test",
+        "--path",
+        cocon_ckpt,
+        "--cpu",
+        check=False,
+    )
+    assert proc.returncode == 2 and "test.src:2: empty content" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_interactive_empty_content_exits_2(cocon_data, tmp_path):
+    task, model = build(cocon_data)
+    d = task.target_dictionary
+    src = [d.encode_line("<prompt> the", add_if_not_exist=False).long()]
+    with pytest.raises(SystemExit) as e:
+        task.build_dataset_for_inference(src, [src[0].numel()])
+    assert e.value.code == 2

@@ -19,8 +19,9 @@
 #           --no-soft-positions: the paper's ablations)   SEED=1
 #       LAYERS=4 DIM=256 HEADS=4   encoder size, the same in stages 2 and 3 (ffn 4*DIM)
 #       MAX_POSITIONS=256  longest sentence tree (branches are dropped first, then the sentence's tail)
-#       MAX_UPDATE=2000 MINUTES=60 LR=2e-4 BATCH=32 VALID_EVERY=200   fine-tuning budget (dev every VALID_EVERY updates)
-#       MLM_UPDATE=3000 MLM_MINUTES=20 MLM_LR=5e-4   stage 2 budget
+#       MAX_UPDATE (medical_ner 2000, book_review 800) MINUTES=30 LR=2e-4 BATCH=32 VALID_EVERY=200   fine-tuning
+#           budget (--max-update, --stop-time-hours; dev every VALID_EVERY updates and at each epoch's end)
+#       MLM_UPDATE=400 MLM_MINUTES=15 MLM_LR=5e-4 MLM_BATCH=16   stage 2 budget (blocks of MAX_POSITIONS tokens)
 #       PRETRAINED=$OUT/mlm/checkpoints/checkpoint_best.pt   (none: fine-tune from scratch; a path: any fairseq
 #           RoBERTa/masked_lm checkpoint on $OUT/data/dict.txt of the same sizes, e.g. on a GPU machine)
 #       TASK_ARGS=""  more task flags (--kg-max-entities N, --kg-inject object|predicate-object)   TRAIN_ARGS=""
@@ -37,14 +38,16 @@ OUT=$(realpath -m "${3:-$ROOT/work/kbert-$TASK}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-5}
 NAME=${NAME:-kbert}; KG=${KG:-full}; ARCH=${ARCH:-kbert_small}; ARCH_ARGS=${ARCH_ARGS:-}; SEED=${SEED:-1}
 LAYERS=${LAYERS:-4}; DIM=${DIM:-256}; HEADS=${HEADS:-4}; MAX_POSITIONS=${MAX_POSITIONS:-256}
-MAX_UPDATE=${MAX_UPDATE:-2000}; MINUTES=${MINUTES:-60}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
+MINUTES=${MINUTES:-30}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
 VALID_EVERY=${VALID_EVERY:-200}
-MLM_UPDATE=${MLM_UPDATE:-3000}; MLM_MINUTES=${MLM_MINUTES:-20}; MLM_LR=${MLM_LR:-5e-4}
+MLM_UPDATE=${MLM_UPDATE:-400}; MLM_MINUTES=${MLM_MINUTES:-15}; MLM_LR=${MLM_LR:-5e-4}; MLM_BATCH=${MLM_BATCH:-16}
 PRETRAINED=${PRETRAINED:-$OUT/mlm/checkpoints/checkpoint_best.pt}
 TASK_ARGS=${TASK_ARGS:-}; TRAIN_ARGS=${TRAIN_ARGS:-}
 case $TASK in
-  book_review) KG_FILE=HowNet.spo; FS_TASK=kbert_classification; CRITERION=sentence_prediction; TAGGING="" ;;
-  medical_ner) KG_FILE=Medical.spo; FS_TASK=kbert_tagging; CRITERION=kbert_tagging; TAGGING=--tagging ;;
+  book_review) KG_FILE=HowNet.spo; FS_TASK=kbert_classification; CRITERION=sentence_prediction; TAGGING=""
+    MAX_UPDATE=${MAX_UPDATE:-800} ;;
+  medical_ner) KG_FILE=Medical.spo; FS_TASK=kbert_tagging; CRITERION=kbert_tagging; TAGGING=--tagging
+    MAX_UPDATE=${MAX_UPDATE:-2000} ;;
   *) echo "TASK must be book_review or medical_ner, not '$TASK'"; exit 2 ;;
 esac
 case $KG in full|control) KG_ARGS="--kg $OUT/kg/$KG.spo" ;; none) KG_ARGS="" ;;
@@ -92,7 +95,7 @@ if stage 2; then
     --sample-break-mode none --dropout 0.1 --attention-dropout 0.1 --seed "$SEED" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$MLM_LR" \
     --lr-scheduler polynomial_decay --warmup-updates $((MLM_UPDATE / 10)) --total-num-update "$MLM_UPDATE" \
-    --max-update "$MLM_UPDATE" --stop-time-hours "$(hours "$MLM_MINUTES")" --batch-size 32 \
+    --max-update "$MLM_UPDATE" --stop-time-hours "$(hours "$MLM_MINUTES")" --batch-size "$MLM_BATCH" \
     --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1 $TRAIN_ARGS
 fi
 if stage 3; then

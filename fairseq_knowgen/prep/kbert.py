@@ -122,10 +122,13 @@ def make_synthetic_task(workdir: str, n_train: int, n_valid: int, tagging: bool 
     return workdir
 
 
-def make_benchmark_data(workdir: str, n_train: int, n_valid: int) -> str:
-    """The ``kbert_classification`` folder of ``scripts/benchmark.py --arch kbert_small``
-    (:func:`make_synthetic_task`; ``--kg DATA/kg.spo``)."""
-    return make_synthetic_task(workdir, n_train, n_valid, tagging=False)
+def make_benchmark_data(workdir: str, n_train: int, n_valid: int):
+    """The ``kbert_classification`` data of ``scripts/benchmark.py --arch kbert_small``
+    (:func:`make_synthetic_task`): ``(data_dir, extra arguments of each side)``, both sides reading
+    the same KG, so that the baseline (``--no-visible-matrix``) sees the same injected input."""
+    data = make_synthetic_task(workdir, n_train, n_valid, tagging=False)
+    kg = ["--kg", os.path.join(data, "kg.spo")]
+    return data, {"arch": kg, "baseline": kg}
 
 
 def main(argv=None):

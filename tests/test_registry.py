@@ -21,6 +21,7 @@ OUR_ARCHS = {
     "eki_bart_large": "EKIBARTModel",
     "kbert_base": "KBertModel",
     "kbert_small": "KBertModel",
+    "kbert_transformer": "KBertTransformerModel",
 }
 OUR_CRITERIONS = {
     "force_copy": "ForceCopyCriterion",
@@ -29,6 +30,7 @@ OUR_CRITERIONS = {
 }
 OUR_TASKS = {"eki_generation": "EKIGenerationTask", "translation_constrained": "TranslationConstrainedTask"}
 OUR_TASKS.update({"kbert_classification": "KBertClassificationTask", "kbert_tagging": "KBertTaggingTask"})
+OUR_TASKS["kbert_translation"] = "KBertTranslationTask"
 
 
 @pytest.mark.parametrize("arch,cls", sorted(OUR_ARCHS.items()))

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from fairseq.data import FairseqDataset, data_utils
+from fairseq.data import FairseqDataset, LanguagePairDataset, ListDataset, data_utils
 
 from ..modules.knowledge_graph import KnowledgeGraph, char_tokenize
 from ..modules.sentence_tree import build_sentence_tree
@@ -173,3 +173,94 @@ class KBertDataset(FairseqDataset):
             },
             "target": target,
         }
+
+
+class KBertPairDataset(LanguagePairDataset):
+    """fairseq's ``LanguagePairDataset`` whose sources are K-BERT sentence trees (for
+    ``kbert_transformer``): ``net_input`` also carries ``soft_positions``, ``branch_ids`` and
+    ``mention_ids``, padded on the same side as ``src_tokens``.
+
+    Args:
+        pair: the binarized ``LanguagePairDataset`` (sources end with ``</s>``)
+        kg: the knowledge graph (word level), or ``None``
+        inject: ``predicate-object`` or ``object``
+        max_positions: the longest source tree (``</s>`` included)
+        skip_source_facts: do not inject a triple the source states itself (linearized
+            ``<S> s <P> p <O> o`` sources)
+    """
+
+    def __init__(
+        self,
+        pair: LanguagePairDataset,
+        kg: Optional[KnowledgeGraph],
+        inject: str,
+        max_positions: int,
+        skip_source_facts: bool = True,
+    ):
+        d = pair.src_dict
+        sources, self.extra = [], []
+        self.dropped_branches = self.dropped_trunk = self.injected_tokens = 0
+        for i in range(len(pair.src)):
+            ids = pair.src[i].tolist()
+            eos = ids[-1] == d.eos()
+            words = [d[t] for t in (ids[:-1] if eos else ids)]
+            exclude = source_facts(words) if skip_source_facts else frozenset()
+            tree = build_sentence_tree(words, kg, inject, max_len=max_positions - 1, exclude=exclude)
+            sources.append(
+                torch.tensor([d.index(t) for t in tree.tokens] + ([d.eos()] if eos else []), dtype=torch.long)
+            )
+            soft = tree.soft_positions + ([len(tree.trunk_index)] if eos else [])
+            pad0 = [0] if eos else []
+            self.extra.append(
+                (
+                    np.array(soft, dtype=np.int16),
+                    np.array(tree.branch_ids + pad0, np.int16),
+                    np.array(tree.mention_ids + pad0, np.int16),
+                )
+            )
+            self.dropped_branches += tree.dropped_branches
+            self.dropped_trunk += tree.dropped_trunk
+            self.injected_tokens += len(tree) - len(tree.trunk_index)
+        sizes = np.array([len(s) for s in sources])
+        super().__init__(
+            ListDataset(sources, sizes),
+            sizes,
+            d,
+            pair.tgt,
+            pair.tgt_sizes,
+            pair.tgt_dict,
+            left_pad_source=pair.left_pad_source,
+            left_pad_target=pair.left_pad_target,
+            shuffle=pair.shuffle,
+            input_feeding=pair.input_feeding,
+            remove_eos_from_source=False,
+            append_eos_to_target=False,
+            eos=pair.eos,
+        )
+
+    def collater(self, samples, pad_to_length=None):
+        batch = super().collater(samples, pad_to_length)
+        if not batch:
+            return batch
+        ids = batch["id"].tolist()
+        for k, key in enumerate(("soft_positions", "branch_ids", "mention_ids")):
+            values = [torch.from_numpy(self.extra[i][k].astype(np.int64)) for i in ids]
+            batch["net_input"][key] = data_utils.collate_tokens(values, 0, left_pad=self.left_pad_source)
+        return batch
+
+
+def source_facts(words: Sequence[str]) -> frozenset:
+    """The ``(subject, predicate, object)`` token tuples of a linearized source
+    ``<S> s ... <P> p ... <O> o ...`` (empty for other sources)."""
+    facts, part, fields = set(), None, {}
+    for w in list(words) + ["<S>"]:
+        if w in ("<S>", "<P>", "<O>"):
+            if w == "<S>" and len(fields) == 3:
+                facts.add((tuple(fields["<S>"]), tuple(fields["<P>"]), tuple(fields["<O>"])))
+            if w == "<S>":
+                fields = {}
+            part = w
+            fields[part] = []
+        elif part is not None:
+            fields[part].append(w)
+    return frozenset(facts)

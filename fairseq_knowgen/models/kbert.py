@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils, utils
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from torch import Tensor, nn
 
@@ -35,18 +37,19 @@ class KBertEncoder(FairseqEncoder):
     Args:
         args: the model's arguments (sizes, dropouts, ``no_visible_matrix``, ``no_soft_positions``)
         dictionary: the token dictionary
+        embed_tokens: a token embedding to use (shared with a decoder); a new one when ``None``
+        max_positions: size of the position table (default ``args.max_positions``)
     """
 
-    def __init__(self, args, dictionary):
+    def __init__(self, args, dictionary, embed_tokens=None, max_positions=None):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
-        self.max_positions_ = args.max_positions
+        self.max_positions_ = max_positions or args.max_positions
         self.use_visible_matrix = not args.no_visible_matrix
         self.use_soft_positions = not args.no_soft_positions
         dim = args.encoder_embed_dim
-        self.embed_tokens = nn.Embedding(len(dictionary), dim, self.padding_idx)
         # fairseq's learned positions: index p + padding_idx + 1 for position p, padding at padding_idx
-        self.embed_positions = nn.Embedding(args.max_positions + self.padding_idx + 1, dim, self.padding_idx)
+        self.embed_positions = nn.Embedding(self.max_positions_ + self.padding_idx + 1, dim, self.padding_idx)
         self.embed_segments = nn.Embedding(args.num_segments, dim) if args.num_segments > 0 else None
         self.layernorm_embedding = None if args.encoder_normalize_before else nn.LayerNorm(dim)
         self.dropout = args.dropout
@@ -65,6 +68,11 @@ class KBertEncoder(FairseqEncoder):
         )
         self.layer_norm = nn.LayerNorm(dim) if args.encoder_normalize_before else None
         self.apply(init_bert_params)
+        self.embed_tokens = (
+            embed_tokens if embed_tokens is not None else nn.Embedding(len(dictionary), dim, self.padding_idx)
+        )
+        if embed_tokens is None:
+            init_bert_params(self.embed_tokens)
 
     def attention_mask(self, src_tokens: Tensor, branch_ids: Tensor, mention_ids: Tensor) -> Tensor:
         """bool B x T x T visible matrix, or B x 1 x T key-padding mask with ``--no-visible-matrix``."""
@@ -84,10 +92,9 @@ class KBertEncoder(FairseqEncoder):
         Returns:
             dict with ``encoder_out`` [T x B x C] and ``encoder_padding_mask`` [B x T]
         """
-        bsz, seq_len = src_tokens.shape
         padding_mask = src_tokens.eq(self.padding_idx)
-        if soft_positions is None or not self.use_soft_positions:
-            soft_positions = torch.arange(seq_len, device=src_tokens.device).unsqueeze(0).expand(bsz, seq_len)
+        if soft_positions is None or not self.use_soft_positions:  # hard positions 0, 1, ... (left or right padding)
+            soft_positions = torch.cumsum(~padding_mask, dim=1) - 1
         if branch_ids is None:
             branch_ids = torch.zeros_like(src_tokens)
             mention_ids = torch.zeros_like(src_tokens)
@@ -304,3 +311,61 @@ def kbert_small_architecture(args):
     args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", None) or 1024
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", None) or 4
     kbert_base_architecture(args)
+
+
+@register_model("kbert_transformer")
+class KBertTransformerModel(TransformerModel):
+    """A transformer whose encoder is K-BERT's (Liu et al., 2020): the source is a sentence tree
+    (knowledge injected by the ``kbert_translation`` task) read with soft positions and the
+    visible matrix; the decoder is fairseq's, with incremental decoding, attending to every
+    encoder state (sentence and knowledge tokens alike). Beyond the paper, which only encodes."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        parser.add_argument("--no-visible-matrix", action="store_true", help="ablation: no mask-self-attention")
+        parser.add_argument("--no-soft-positions", action="store_true", help="ablation: hard positions")
+
+    @classmethod
+    def build_model(cls, args, task):
+        """fairseq's transformer with its encoder replaced by :class:`KBertEncoder` (same,
+        possibly shared, token embedding)."""
+        kbert_transformer_architecture(args)
+        model = super().build_model(args, task)
+        embed_tokens = model.encoder.embed_tokens
+        model.encoder = KBertEncoder(args, task.source_dictionary, embed_tokens, args.max_source_positions)
+        return model
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        soft_positions=None,
+        branch_ids=None,
+        mention_ids=None,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
+        encoder_out = self.encoder(src_tokens, soft_positions, branch_ids, mention_ids)
+        return self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
+
+
+@register_model_architecture("kbert_transformer", "kbert_transformer")
+def kbert_transformer_architecture(args):
+    """fairseq's ``transformer`` sizes (use the recipe's LAYERS/DIM/HEADS); post-LN encoder with an
+    embedding layer norm, as BERT; learned (soft) positions."""
+    args.num_segments = getattr(args, "num_segments", None) or 0
+    args.no_visible_matrix = getattr(args, "no_visible_matrix", False) or False
+    args.no_soft_positions = getattr(args, "no_soft_positions", False) or False
+    transformer_base_architecture(args)

@@ -93,9 +93,12 @@ class KnowledgeGraph:
     def __len__(self) -> int:
         return len(self.table)
 
-    def triples_of(self, subject: Tokens) -> List[Tuple[Tokens, Tokens]]:
-        """The first ``max_entities`` (predicate, object) pairs of ``subject`` in file order."""
-        return self.table.get(tuple(subject), [])[: self.max_entities]
+    def triples_of(self, subject: Tokens, exclude=frozenset()) -> List[Tuple[Tokens, Tokens]]:
+        """The first ``max_entities`` (predicate, object) pairs of ``subject`` in file order,
+        leaving out the ``(subject, predicate, object)`` token tuples in ``exclude``."""
+        subject = tuple(subject)
+        pairs = [po for po in self.table.get(subject, []) if (subject,) + po not in exclude]
+        return pairs[: self.max_entities]
 
     def mentions(self, tokens: Sequence[str]) -> List[Tuple[int, int]]:
         """Non-overlapping ``(start, end)`` spans (end exclusive) of KG subjects in ``tokens``:

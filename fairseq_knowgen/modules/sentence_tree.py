@@ -60,6 +60,7 @@ def build_sentence_tree(
     inject: str = "predicate-object",
     max_len: Optional[int] = None,
     start_position: int = 0,
+    exclude=frozenset(),
 ) -> SentenceTree:
     """The sentence tree of ``tokens`` with ``kg``'s branches (none when ``kg`` is ``None``).
 
@@ -69,11 +70,13 @@ def build_sentence_tree(
         inject: ``predicate-object`` or ``object`` (the tokens of each branch)
         max_len: drop branches (last mention first), then trunk tail tokens, beyond this length
         start_position: soft position of the first trunk token (1 when a ``<s>`` precedes it)
+        exclude: ``(subject, predicate, object)`` token tuples not to inject (facts the input
+            already states, e.g. a WebNLG source's own triples)
     """
     mentions = []  # [start, end, [branch tokens, ...]]
     if kg is not None:
         for start, end in kg.mentions(tokens):
-            branches = [branch_tokens(p, o, inject) for p, o in kg.triples_of(tokens[start:end])]
+            branches = [branch_tokens(p, o, inject) for p, o in kg.triples_of(tokens[start:end], exclude)]
             branches = [b for b in branches if b]
             if branches:
                 mentions.append([start, end, branches])

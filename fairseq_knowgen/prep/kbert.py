@@ -15,6 +15,9 @@ reads ``DATA/train.tsv``, ``DATA/dev.tsv`` and (when present) ``DATA/test.tsv`` 
 * ``mlm/{train,valid}.txt``: the sentences as space-separated characters, for the masked-LM
   pretraining stage (``fairseq-preprocess --only-source --srcdict data/dict.txt``).
 
+``python -m fairseq_knowgen.prep.kbert webnlg-kg --src raw/train.src --out raw/kg.spo`` writes the
+KG of ``kbert_transformer`` on WebNLG instead (the training triples, each subject -> its facts).
+
 Every input is read and checked before anything is written; bad input (missing file, KG line
 without three fields, TSV row with a wrong column count, tokens and tags of different lengths)
 stops with ``error: file:line: ...`` and exit status 2.
@@ -131,7 +134,40 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int):
     return data, {"arch": kg, "baseline": kg}
 
 
+def webnlg_triples(src_lines) -> list:
+    """The triples of linearized WebNLG sources (``<S> subject <P> predicate <O> object ...``, as
+    ``prep.webnlg`` writes ``raw/SPLIT.src``), each once, in order of first appearance: the KG of
+    ``kbert_transformer`` (every entity that is a subject -> its facts)."""
+    import re
+
+    seen, out = set(), []
+    for line in src_lines:
+        for m in re.finditer(r"<S> (.+?) <P> (.+?) <O> (.+?)(?= <S> |$)", line.strip()):
+            t = tuple(x.strip() for x in m.groups())
+            if t not in seen:
+                seen.add(t)
+                out.append(t)
+    return out
+
+
+def webnlg_kg_main(argv):
+    from ..textio import read_lines
+
+    p = argparse.ArgumentParser(description="K-BERT KG from linearized WebNLG training sources")
+    p.add_argument("--src", required=True, help="raw/train.src of the WebNLG recipe")
+    p.add_argument("--out", required=True, help="the KG file to write")
+    a = p.parse_args(argv)
+    triples = webnlg_triples(read_lines(a.src, "source"))
+    write_triples(a.out, triples)
+    print(f"{a.out}: {len(triples)} triples, {len({t[0] for t in triples})} subjects")
+
+
 def main(argv=None):
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["webnlg-kg"]:
+        return webnlg_kg_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="folder with train.tsv, dev.tsv [test.tsv]")
     p.add_argument("--kg", required=True, help="subject<TAB>predicate<TAB>object file")

@@ -1,0 +1,116 @@
+"""kbert_transformer: K-BERT's encoder under fairseq's decoder, on linearized triples with a KG
+built from the training triples; incremental decoding, beam search, training and generation."""
+
+import pytest
+import torch
+from conftest import TRAIN_COMMON, run_cli
+from helpers import build_task_and_model, decode_full_and_stepwise
+
+from fairseq_knowgen.data.kbert_dataset import source_facts
+from fairseq_knowgen.modules.knowledge_graph import KnowledgeGraph, word_tokenize
+from fairseq_knowgen.modules.sentence_tree import build_sentence_tree
+from fairseq_knowgen.prep.kbert import webnlg_triples
+
+SIZES = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16"]
+SIZES += ["--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32"]
+SIZES += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings"]
+
+
+def test_webnlg_kg_is_the_training_triples_once_in_order():
+    src = [
+        "<S> Ann Lee <P> birth place <O> Kyoto <S> Ann Lee <P> club <O> Red FC",
+        "<S> Ann Lee <P> birth place <O> Kyoto",
+    ]
+    assert webnlg_triples(src) == [("Ann Lee", "birth place", "Kyoto"), ("Ann Lee", "club", "Red FC")]
+
+
+def test_facts_the_source_states_are_not_injected_again():
+    kg = KnowledgeGraph(
+        [("Ann Lee", "birth place", "Kyoto"), ("Ann Lee", "club", "Red FC"), ("Ann Lee", "team", "Blue")],
+        tokenize=word_tokenize,
+    )
+    words = "<S> Ann Lee <P> birth place <O> Kyoto".split()
+    facts = source_facts(words)
+    assert facts == {(("Ann", "Lee"), ("birth", "place"), ("Kyoto",))}
+    tree = build_sentence_tree(words, kg, "predicate-object", exclude=facts)
+    # the two other facts, in file order; "birth place Kyoto" is already in the source
+    assert " ".join(tree.tokens) == "<S> Ann Lee club Red FC team Blue <P> birth place <O> Kyoto"
+
+
+@pytest.fixture(scope="module")
+def webnlg_like(tiny_raw, tiny_bin, tmp_path_factory):
+    kg = tmp_path_factory.mktemp("kbertkg") / "kg.spo"
+    run_cli("-m", "fairseq_knowgen.prep.kbert", "webnlg-kg", "--src", tiny_raw / "train.src", "--out", kg)
+    return tiny_bin, kg
+
+
+def test_incremental_decoding_equals_full_decoding_over_a_tree_source(webnlg_like):
+    data, kg = webnlg_like
+    task, model, _ = build_task_and_model(
+        data,
+        "kbert_transformer",
+        *SIZES,
+        "--task",
+        "kbert_translation",
+        "--kg",
+        kg,
+        "--train-subset",
+        "valid",
+        task="kbert_translation",
+    )
+    model.eval()
+    task.load_dataset("train")
+    batches = task.get_batch_iterator(task.dataset("train"), max_sentences=8).next_epoch_itr(shuffle=False)
+    batch = next(b for b in batches if b["net_input"]["branch_ids"].gt(0).any())  # with injected knowledge
+    net = batch["net_input"]
+    enc = model.encoder(net["src_tokens"], net["soft_positions"], net["branch_ids"], net["mention_ids"])
+    prev = net["prev_output_tokens"]
+    (full, _), steps = decode_full_and_stepwise(model, enc, prev)
+    real = prev.ne(task.target_dictionary.pad())  # padding after EOS differs in fairseq's transformer too
+    torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    # beam search reorders the encoder output with every extra tensor
+    order = torch.tensor([1, 0] + list(range(2, net["src_tokens"].size(0))))
+    reordered = model.encoder.reorder_encoder_out(enc, order)
+    assert torch.equal(reordered["encoder_out"][0], enc["encoder_out"][0][:, order])
+    assert torch.equal(reordered["encoder_padding_mask"][0], enc["encoder_padding_mask"][0][order])
+
+
+def test_trains_with_fairseq_train_and_decodes_with_fairseq_generate(webnlg_like, tmp_path):
+    data, kg = webnlg_like
+    task = ["--task", "kbert_translation", "--kg", kg]
+    run_cli(
+        "fairseq-train",
+        data,
+        *TRAIN_COMMON,
+        *task,
+        "--arch",
+        "kbert_transformer",
+        *SIZES,
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--max-update",
+        "3",
+        "--save-dir",
+        tmp_path,
+    )
+    proc = run_cli(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        "fairseq_knowgen",
+        *task,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--beam",
+        "3",
+        "--batch-size",
+        "8",
+        "--max-len-b",
+        "10",
+        "--cpu",
+        "--gen-subset",
+        "valid",
+    )
+    hyps = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 24
+    assert "injected tokens kept" in proc.stderr

@@ -252,3 +252,23 @@ def test_prepare_writes_the_task_folder(tmp_path):
     assert (out / "mlm" / "train.txt").read_text() == "头 痛\n"
     assert (out / "data" / "eval_splits").read_text().split() == ["valid"]
     assert len((out / "kg" / "control.spo").read_text().splitlines()) == 2
+
+
+def test_validation_entity_f1_is_seqeval_strict_typed_f1():
+    """The criterion's dev F1 (checkpoint choice) equals seqeval's strict IOB2 F1 on random tags."""
+    import random
+
+    from seqeval.metrics import f1_score
+    from seqeval.scheme import IOB2
+
+    from fairseq_knowgen.criterions.kbert_tagging import strict_entities
+
+    rng = random.Random(0)
+    tags = ["O", "B-A", "I-A", "B-B", "I-B"]
+    for _ in range(50):
+        gold = [[rng.choice(tags) for _ in range(rng.randint(1, 12))] for _ in range(6)]
+        pred = [[rng.choice(tags) for _ in g] for g in gold]
+        tp = sum(len(strict_entities(g) & strict_entities(p)) for g, p in zip(gold, pred))
+        n = sum(len(strict_entities(g)) + len(strict_entities(p)) for g, p in zip(gold, pred))
+        expected = f1_score(gold, pred, mode="strict", scheme=IOB2, zero_division=0)
+        assert abs((2 * tp / n if n else 0) - expected) < 1e-9

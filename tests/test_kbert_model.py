@@ -1,6 +1,7 @@
 """The K-BERT encoder and its training: the visible matrix and soft positions in the encoder,
 loading a tiny RoBERTa checkpoint, loss going down, checkpoint round trip, 2-rank DDP."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import TRAIN_COMMON, run_cli
@@ -226,3 +227,21 @@ def test_two_ranks_end_identical(classification_dir, tmp_path):
         assert torch.equal(r0["params"][k], r1["params"][k]), k
     assert "distributed init (rank 1)" in ranks.log(1)
     assert not ranks.leftovers()
+
+
+def test_dataset_keeps_small_ints_per_token_and_no_matrix(tagging_dir):
+    """The original code kept a dense visible matrix per example for the whole data set; here
+    each example holds four 1-D arrays of its length, and the mask exists per batch only."""
+    task, _ = build(tagging_dir)
+    ds = task.dataset("valid")
+    for ids, soft, branch, mention in ds.items:
+        assert ids.ndim == soft.ndim == branch.ndim == mention.ndim == 1
+        assert len(ids) == len(soft) == len(branch) == len(mention)
+        assert soft.dtype == branch.dtype == mention.dtype == np.int16
+    assert sum(a.nbytes for item in ds.items for a in item[1:]) == 6 * int(ds.sizes.sum())
+
+
+def test_kbert_base_has_bert_base_sizes(tagging_dir):
+    _, _, args = build_task_and_model(tagging_dir, "kbert_base", "--kg", f"{tagging_dir}/kg.spo", task="kbert_tagging")
+    sizes = (args.encoder_layers, args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim)
+    assert sizes == (12, 768, 12, 3072) and args.activation_fn == "gelu" and not args.encoder_normalize_before

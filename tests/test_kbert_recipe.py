@@ -68,6 +68,8 @@ def test_recipe_end_to_end(tmp_path, task):
         if task == "medical_ner":  # one tag per original character
             assert [len(p.split()) for p in preds] == [len(g.split("\t")[0].split()) for g in gold]
     assert "== stage 5" in proc.stdout
+    if task == "book_review":
+        return
     # the ablations and the control KG run from stage 3 on the same folder
     run_recipe(
         task,

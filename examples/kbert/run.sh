@@ -11,7 +11,8 @@
 #         shuffled among subjects, seed 1), $OUT/mlm-bin (the training sentences for stage 2)
 #       2 pretrain a character-level masked LM (fairseq's masked_lm task, roberta arch of the K-BERT sizes) on the
 #         task's own training text for MLM_UPDATE updates -> $OUT/mlm/checkpoints/checkpoint_best.pt
-#       3 fine-tune K-BERT from it -> $OUT/runs/$NAME (checkpoint_best.pt picked on dev accuracy)
+#       3 fine-tune K-BERT from it -> $OUT/runs/$NAME (checkpoint_best.pt picked on dev: accuracy for book_review,
+#         strict typed entity F1 for medical_ner)
 #       4 predict + score every evaluation split (valid [test]) -> $OUT/runs/$NAME/SPLIT.{pred,scores.json}
 #       5 floors: book_review TF-IDF + logistic regression, medical_ner dictionary tagger -> $OUT/floors/
 #   Environment (all optional):
@@ -44,9 +45,9 @@ MLM_UPDATE=${MLM_UPDATE:-400}; MLM_MINUTES=${MLM_MINUTES:-15}; MLM_LR=${MLM_LR:-
 PRETRAINED=${PRETRAINED:-$OUT/mlm/checkpoints/checkpoint_best.pt}
 TASK_ARGS=${TASK_ARGS:-}; TRAIN_ARGS=${TRAIN_ARGS:-}
 case $TASK in
-  book_review) KG_FILE=HowNet.spo; FS_TASK=kbert_classification; CRITERION=sentence_prediction; TAGGING=""
+  book_review) KG_FILE=HowNet.spo; FS_TASK=kbert_classification; CRITERION=sentence_prediction; TAGGING=""; METRIC=accuracy
     MAX_UPDATE=${MAX_UPDATE:-800} ;;
-  medical_ner) KG_FILE=Medical.spo; FS_TASK=kbert_tagging; CRITERION=kbert_tagging; TAGGING=--tagging
+  medical_ner) KG_FILE=Medical.spo; FS_TASK=kbert_tagging; CRITERION=kbert_tagging; TAGGING=--tagging; METRIC=f1
     MAX_UPDATE=${MAX_UPDATE:-2000} ;;
   *) echo "TASK must be book_review or medical_ner, not '$TASK'"; exit 2 ;;
 esac
@@ -111,7 +112,7 @@ if stage 3; then
     --lr-scheduler polynomial_decay --warmup-updates $((MAX_UPDATE / 10)) --total-num-update "$MAX_UPDATE" \
     --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --batch-size "$BATCH" \
     --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" --keep-interval-updates 1 \
-    --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric $TRAIN_ARGS
+    --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric $TRAIN_ARGS
 fi
 if stage 4; then
   for split in $(cat "$OUT/data/eval_splits"); do

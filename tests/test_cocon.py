@@ -113,7 +113,7 @@ def test_null_content_is_attention_over_self_only():
     assert torch.allclose(null, all_padded, atol=1e-12)
     a = hand_attention(block.attn, block.attn_layer_norm(h[:, :1]), None)
     h1 = h[:, 0] + a
-    want = h1 + block.fc2(torch.nn.functional.gelu(block.fc1(block.ffn_layer_norm(h1))))
+    want = h1 + block.fc2(torch.nn.functional.gelu(block.fc1(block.ffn_layer_norm(h1))))  # the default activation
     assert torch.allclose(null[:, 0], want, atol=1e-10)
 
 
@@ -224,21 +224,54 @@ def test_incremental_state_follows_a_beam_reorder(cocon_data):
         assert torch.allclose(outs[i][:, 0], full[:, t], atol=1e-5)
 
 
-def test_content_keys_are_computed_once_per_sentence(cocon_data):
-    """O(1) work per new token: after the first step, the content's keys/values come from the cache
-    (the content encoder and the content projections are not run again)."""
+@pytest.mark.parametrize("order", [[2, 0, 1, 4, 4, 3], [5, 3, 4], [1, 4]])
+def test_incremental_equals_full_when_beams_reorder_and_inputs_finish(cocon_data, order):
+    """fairseq's beam layout (3 rows per input, content stored once per input): a reorder within inputs,
+    one input finishing (the batch shrinks to the other's rows), and an order breaking the layout."""
     task, model = build(cocon_data)
-    src = torch.tensor([[4, 5, 6, 7]])
-    enc = model.encoder(src)
-    calls = []
-    handle = model.decoder.block.attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].size(0)))
+    src = torch.tensor([[4, 5, 6, 7], [8, 9, 1, 1]])
+    enc = model.encoder.reorder_encoder_out(
+        model.encoder(src, content_tau=torch.tensor([1.5])), torch.arange(2).repeat_interleave(3)
+    )
+    prev = torch.randint(4, 20, (6, 6))
+    prev[:, 0] = 2
+    order = torch.tensor(order)
     with torch.no_grad():
         state = {}
-        for t in range(4):
-            model.decoder(torch.tensor([[2, 4, 5, 6, 7]])[:, : t + 1], encoder_out=enc, incremental_state=state)
+        for t in range(3):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc_r = model.encoder.reorder_encoder_out(enc, order)
+        prev_r = prev.index_select(0, order)
+        steps = [model.decoder(prev_r[:, : t + 1], encoder_out=enc_r, incremental_state=state)[0] for t in range(3, 6)]
+        full = model.decoder(prev_r, encoder_out=enc_r)[0]
+    for i, t in enumerate(range(3, 6)):
+        assert torch.allclose(steps[i][:, 0], full[:, t], atol=1e-5), t
+
+
+def test_content_keys_are_computed_once_per_sentence(cocon_data):
+    """O(1) work per new token: the content's keys/values are projected on the first step only and
+    stay the same tensors (no per-step copy) through steps and beam reorders within each input."""
+    task, model = build(cocon_data)
+    src = torch.tensor([[4, 5, 6, 7], [8, 9, 1, 1]])
+    beam = 3
+    enc = model.encoder.reorder_encoder_out(model.encoder(src), torch.arange(2).repeat_interleave(beam))
+    prev = torch.randint(4, 20, (2 * beam, 6))
+    prev[:, 0] = 2
+    calls = []
+    handle = model.decoder.block.attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape)))
+    attn = model.decoder.block.attn
+    seen = []
+    with torch.no_grad():
+        state = {}
+        for t in range(6):
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            seen.append(attn.get_incremental_state(state, "cocon")["content_k"])
+            # a beam reorder within each input (rows 0-2 belong to input 0, rows 3-5 to input 1)
+            model.decoder.reorder_incremental_state_scripting(state, torch.tensor([2, 0, 0, 5, 3, 4]))
     handle.remove()
-    # first step: content (4 positions) and the new token; then only the new token
-    assert calls == [1, 4, 1, 1, 1] or calls == [4, 1, 1, 1, 1]
+    assert sorted(calls) == [(1, 6, 16), (4, 2, 16)]  # first step only: the new tokens, the two contents
+    assert all(k is seen[0] for k in seen) and seen[0].size(0) == 2
 
 
 # -- the losses --------------------------------------------------------------------------------------------------

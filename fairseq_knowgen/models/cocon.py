@@ -39,6 +39,7 @@ import os
 from typing import Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from fairseq.data import Dictionary
 from fairseq.models import (
     FairseqEncoder,
@@ -135,6 +136,16 @@ def load_frozen_lm(path: str, task_dict: Dictionary, dict_path: Optional[str] = 
     return dec.eval()
 
 
+def content_of(encoder_out: Dict[str, List[Tensor]]):
+    """``(content S x B x C, padding mask B x S, bias B x S)`` of the current rows of an encoder output."""
+    rows = encoder_out["content_rows"][0]
+    return (
+        encoder_out["content"][0].index_select(1, rows),
+        encoder_out["content_padding_mask"][0].index_select(0, rows),
+        encoder_out["content_bias"][0].index_select(0, rows),
+    )
+
+
 class CoConEncoder(FairseqEncoder):
     """Content encoder: the LM's lower layers on each content alone.
 
@@ -173,30 +184,32 @@ class CoConEncoder(FairseqEncoder):
         """src_tokens: ``B x S_raw``; content_tau: 1-D, tau of content k (the last repeats).
         Returns ``content`` ``[S x B x C]``, ``content_padding_mask`` ``[B x S]``,
         ``content_bias`` ``[B x S]``."""
-        rows = self.split_contents(src_tokens)
+        contents_of = self.split_contents(src_tokens)
         dec = self.decoder_ref
         B, dev = src_tokens.size(0), src_tokens.device
-        segs = [c for contents in rows for c in contents]
+        segs = [c for contents in contents_of for c in contents]
         if content_tau is None:
             content_tau = torch.tensor([self.default_tau])
         taus = content_tau.tolist() if torch.is_tensor(content_tau) else list(content_tau)
-        if not segs:  # null content everywhere
+        rows = torch.arange(B, device=dev)
+        if not segs or dec.bypass:  # null content everywhere (or the LM alone: content unused)
             C = dec.embed_dim
             return {
                 "content": [src_tokens.new_zeros(0, B, C, dtype=torch.float)],
                 "content_padding_mask": [src_tokens.new_zeros(B, 0, dtype=torch.bool)],
                 "content_bias": [src_tokens.new_zeros(B, 0, dtype=torch.float)],
+                "content_rows": [rows],
             }
         states, _ = dec.encode_contents(segs, dev)  # N x Lmax x C
         N, Lmax, C = states.shape
         flat = states.reshape(N * Lmax, C)
-        lengths = [sum(len(c) for c in contents) for contents in rows]
+        lengths = [sum(len(c) for c in contents) for contents in contents_of]
         S = max(lengths)
         index = torch.zeros(B, S, dtype=torch.long)
         pad = torch.ones(B, S, dtype=torch.bool)
         bias = torch.zeros(B, S)
         n = 0
-        for b, contents in enumerate(rows):
+        for b, contents in enumerate(contents_of):
             pos = 0
             for k, c in enumerate(contents):
                 L = len(c)
@@ -210,17 +223,25 @@ class CoConEncoder(FairseqEncoder):
             "content": [content],  # S x B x C
             "content_padding_mask": [pad.to(dev)],
             "content_bias": [bias.to(dev).to(content.dtype)],
+            "content_rows": [rows],
         }
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        return {
-            "content": [encoder_out["content"][0].index_select(1, new_order)],
-            "content_padding_mask": [encoder_out["content_padding_mask"][0].index_select(0, new_order)],
-            "content_bias": [encoder_out["content_bias"][0].index_select(0, new_order)],
-        }
+        """Only the row index is reordered (O(batch) per step); :func:`content_of` gathers the
+        content states by it when the decoder first needs them."""
+        out = dict(encoder_out)
+        out["content_rows"] = [encoder_out["content_rows"][0].index_select(0, new_order)]
+        return out
 
     def max_positions(self):
         return self.decoder_ref.max_positions()
+
+
+def lm_activation(lm) -> str:
+    """The activation of the LM's FFNs (its layers keep the function, its config the name)."""
+    cfg = getattr(lm, "cfg", None)
+    name = getattr(cfg, "activation_fn", None) if cfg is not None else None
+    return str(name) if name else "relu"
 
 
 class CoConDecoder(FairseqIncrementalDecoder):
@@ -243,6 +264,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
             dropout=args.cocon_dropout,
             attention_dropout=args.cocon_attention_dropout,
             zero_init=bool(args.cocon_zero_init),
+            activation=lm_activation(lm),
         )
         self.lm_vocab = lm.output_projection.out_features
         self.bypass = False
@@ -350,20 +372,20 @@ class CoConDecoder(FairseqIncrementalDecoder):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         h, pad = self.lower(prev_output_tokens, incremental_state)
         if not self.bypass:
-            content = mask = bias = None
-            if encoder_out is not None:
+            content = mask = bias = rows = None
+            cached = incremental_state is not None and self.block.attn.get_incremental_state(incremental_state, "cocon")
+            if encoder_out is not None and not cached:  # after the first step the block has the content's K/V
                 content = encoder_out["content"][0]
                 mask, bias = encoder_out["content_padding_mask"][0], encoder_out["content_bias"][0]
-            h, _ = self.block(h, content, mask, bias, incremental_state=incremental_state)
+                rows = encoder_out["content_rows"][0]
+            h, _ = self.block(h, content, mask, bias, incremental_state=incremental_state, content_rows=rows)
         return self.upper(h, incremental_state, pad), {"attn": [None]}
 
     def output_layer(self, features):
         """The LM's logits, widened with -inf for the task's extra symbols (``<sep>``, ``<prompt>``)."""
         logits = self.lm_logits(features)
         extra = len(self.dictionary) - logits.size(-1)
-        if extra > 0:
-            logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], extra), float("-inf"))], dim=-1)
-        return logits
+        return F.pad(logits, (0, extra), value=float("-inf")) if extra > 0 else logits
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)

@@ -10,7 +10,7 @@ states ``h^(c) = enc(c)`` by one transformer layer (Eq. 5-7)::
     W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6)
     A = softmax(W) [V^(c); V]
     h~ = h + A W_o                       (residual)
-    h' = h~ + FF(LN2(h~))                (Eq. 7, residual)
+    h' = h~ + FF(LN2(h~))                (Eq. 7, residual; FF = W_2 act(W_1 x), act the LM's own)
 
 and ``dec(h')`` gives the next-token logits (Eq. 8). Per head as usual (``num_heads``). The
 content keys/values use the same projections W_k, W_v and the same LayerNorm as the text (both
@@ -93,41 +93,46 @@ class CoConAttention(nn.Module):
         content_attn_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
         need_weights: bool = False,
+        content_rows: Optional[Tensor] = None,
     ):
         """
         Args:
             x: ``T x B x C`` normalized text states (the new steps when incremental)
-            content: ``S x B x C`` normalized content states, or None (null content)
-            content_padding_mask: ``B x S``, True on padding
-            content_bias: ``B x S`` float, tau per content position
+            content: ``S x N x C`` normalized content states, or None (null content); N = B, or
+                the number of distinct inputs when ``content_rows`` is given
+            content_padding_mask: ``N x S``, True on padding
+            content_bias: ``N x S`` float, tau per content position
             content_attn_mask: ``B x T x S``, True where query t must not see content s
             incremental_state: fairseq's cache (content K/V on the first call, self K/V grow)
+            content_rows: ``B``, the content (0..N-1) of each row (beam search: N inputs x beam rows)
         Returns:
             ``T x B x C`` output, and the attention weights ``B x H x T x (S + T_total)`` when
             ``need_weights`` (content columns first)
         """
         T, B, C = x.shape
         assert C == self.embed_dim, f"expected {self.embed_dim} channels, got {C}"
+        cache = self.get_incremental_state(incremental_state, "cocon") if incremental_state is not None else None
+        if cache is not None and T == 1 and not need_weights:
+            return self._step(x, cache, incremental_state), None
         q = self._heads(self.q_proj(x)) * self.scaling  # B x H x T x D
         k_self, v_self = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        cache = self.get_incremental_state(incremental_state, "cocon") if incremental_state is not None else None
         prev_len = 0
-        if cache is not None:
-            k_c, v_c, col = cache["content_k"], cache["content_v"], cache["content_col"]
+        if cache is not None:  # several new steps at once after a cached prefix
+            k_c, v_c, col, rows = cache["content_k"], cache["content_v"], cache["content_col"], cache["rows"]
             prev_len = cache["self_k"].size(2)
             k_self = torch.cat([cache["self_k"], k_self], dim=2)
             v_self = torch.cat([cache["self_v"], v_self], dim=2)
         elif content is not None and content.size(0) > 0:
             k_c, v_c, col = self.content_kv(content, content_padding_mask, content_bias)
+            rows = content_rows if content_rows is not None else torch.arange(B, device=x.device)
         else:
             k_c = v_c = x.new_zeros(B, self.num_heads, 0, self.head_dim)
             col = x.new_zeros(B, 0)
+            rows = torch.arange(B, device=x.device)
         if incremental_state is not None:
-            self.set_incremental_state(
-                incremental_state,
-                "cocon",
-                {"content_k": k_c, "content_v": v_c, "content_col": col, "self_k": k_self, "self_v": v_self},
-            )
+            self._store(incremental_state, k_c, v_c, col, rows, k_self, v_self)
+        if k_c.size(0) != B or content_rows is not None or cache is not None:
+            k_c, v_c, col = k_c.index_select(0, rows), v_c.index_select(0, rows), col.index_select(0, rows)
         S, L = k_c.size(2), k_self.size(2)
         logits = torch.cat([q @ k_c.transpose(-1, -2), q @ k_self.transpose(-1, -2)], dim=-1)  # B x H x T x (S+L)
         mask = x.new_zeros(B, 1, T, S + L)
@@ -143,10 +148,85 @@ class CoConAttention(nn.Module):
         out = self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, C))
         return out, (weights if need_weights else None)
 
+    def _store(self, incremental_state, k_c, v_c, col, rows, k_self, v_self, layout=None):
+        # the content's keys/values once per input (N), the self part per row (B); rows maps one to the
+        # other; layout: the beam layout rows were last found in (saves rebuilding it every step)
+        cache = {"content_k": k_c, "content_v": v_c, "content_col": col, "rows": rows, "self_k": k_self}
+        cache.update(self_v=v_self)
+        if layout is not None:
+            cache["layout"] = layout
+        self.set_incremental_state(incremental_state, "cocon", cache)
+
+    @staticmethod
+    def _layout(n: int, B: int, device) -> Optional[Tensor]:
+        """Rows ``0 0 .. 1 1 .. n-1`` in equal groups (fairseq's beam layout), None if B is no multiple of n."""
+        if n == 0 or B % n:
+            return None
+        return torch.arange(n, device=device).repeat_interleave(B // n)
+
+    def _content_part(self, cache: Dict[str, Tensor], B: int):
+        """The cached content K/V/bias with rows in fairseq's beam layout (N inputs x g rows). A beam
+        reorder within an input changes nothing; when inputs finish (the batch shrinks), the content
+        of the remaining inputs is selected once."""
+        k_c, v_c, col, rows = cache["content_k"], cache["content_v"], cache["content_col"], cache["rows"]
+        layout = cache.get("layout")
+        if layout is None or layout.numel() != B:
+            layout = self._layout(k_c.size(0), B, rows.device)
+        if layout is None or not torch.equal(rows, layout):
+            g = B // max(1, k_c.size(0))
+            groups = rows.view(-1, g) if g and B % g == 0 else None
+            if groups is not None and bool((groups == groups[:, :1]).all()):
+                keep = groups[:, 0]  # one input per group of g rows
+            else:
+                keep, g = rows, 1  # any other order: one content copy per row
+            k_c, v_c, col = k_c.index_select(0, keep), v_c.index_select(0, keep), col.index_select(0, keep)
+            rows = layout = torch.arange(keep.numel(), device=rows.device).repeat_interleave(g)
+            cache.update(content_k=k_c, content_v=v_c, content_col=col, rows=rows)
+        cache["layout"] = layout
+        return k_c, v_c, col
+
+    def _step(self, x: Tensor, cache: Dict[str, Tensor], incremental_state) -> Tensor:
+        """One decoding step (``1 x B x C``): one fused q/k/v projection, the new key/value appended
+        to the self part; the content logits of the g rows of each input in one batched product
+        with that input's cached content keys (no per-step copy of the content), tau added."""
+        _, B, C = x.shape
+        w = self.get_incremental_state(incremental_state, "qkv_weight")
+        if w is None:  # the weights are fixed while decoding: concatenate them once per search
+            w = {
+                "weight": torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                "bias": torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            }
+            self.set_incremental_state(incremental_state, "qkv_weight", w)
+        q, k, v = F.linear(x, w["weight"], w["bias"]).split(C, dim=-1)
+        k_c, v_c, col = self._content_part(cache, B)
+        k_self = torch.cat([cache["self_k"], self._heads(k)], dim=2)
+        v_self = torch.cat([cache["self_v"], self._heads(v)], dim=2)
+        self._store(incremental_state, k_c, v_c, col, cache["rows"], k_self, v_self, cache["layout"])
+        q = self._heads(q) * self.scaling  # B x H x 1 x D
+        S, N, H = col.size(1), k_c.size(0), self.num_heads
+        logits = q @ k_self.transpose(-1, -2)  # B x H x 1 x L
+        if S:
+            g = B // N
+            qg = q.view(N, g, H, self.head_dim).transpose(1, 2)  # N x H x g x D
+            lc = (qg @ k_c.transpose(-1, -2) + col[:, None, None, :]).transpose(1, 2).reshape(B, H, 1, S)
+            logits = torch.cat([lc, logits], dim=-1)
+        weights = F.softmax(logits, dim=-1)
+        if self.training and self.dropout:
+            weights = F.dropout(weights, p=self.dropout)
+        out = weights[..., S:] @ v_self  # B x H x 1 x D
+        if S:
+            wc = weights[..., :S].reshape(N, g, H, S).transpose(1, 2)  # N x H x g x S
+            out = out + (wc @ v_c).transpose(1, 2).reshape(B, H, 1, self.head_dim)
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(1, B, C))
+
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
+        """Reorder the per-row self part and the row -> input map; the content K/V stay per input
+        (the fused weights of "qkv_weight" are not per row either)."""
         cache = self.get_incremental_state(incremental_state, "cocon")
         if cache is not None:
-            cache = {k: v.index_select(0, new_order) for k, v in cache.items()}
+            cache = dict(cache)  # ("layout" is a pattern, not per row: kept)
+            for k in ("self_k", "self_v", "rows"):
+                cache[k] = cache[k].index_select(0, new_order)
             self.set_incremental_state(incremental_state, "cocon", cache)
         return incremental_state
 
@@ -161,6 +241,7 @@ class CoConBlock(nn.Module):
         dropout: dropout after attention and FFN (residual branches)
         attention_dropout: dropout on the attention weights
         zero_init: start W_o and the FFN output at zero (h' = h: CoCon starts as the LM)
+        activation: the FFN's activation (fairseq's names; the model passes the LM's own)
     """
 
     def __init__(
@@ -171,8 +252,12 @@ class CoConBlock(nn.Module):
         dropout: float = 0.1,
         attention_dropout: float = 0.0,
         zero_init: bool = True,
+        activation: str = "gelu",
     ):
         super().__init__()
+        from fairseq import utils
+
+        self.activation_fn = utils.get_activation_fn(activation)
         self.attn_layer_norm = nn.LayerNorm(embed_dim)
         self.attn = CoConAttention(embed_dim, num_heads, attention_dropout)
         self.ffn_layer_norm = nn.LayerNorm(embed_dim)
@@ -193,10 +278,24 @@ class CoConBlock(nn.Module):
         content_attn_mask: Optional[Tensor] = None,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
         need_weights: bool = False,
+        content_rows: Optional[Tensor] = None,
     ):
-        """h: ``T x B x C`` lower-layer text states; content: ``S x B x C`` lower-layer content
-        states (not normalized; this block applies its LayerNorm to both). Returns h' and the
-        attention weights (see :class:`CoConAttention`)."""
+        """h: ``T x B x C`` lower-layer text states; content: ``S x N x C`` lower-layer content
+        states (not normalized; this block applies its LayerNorm to both), N = B unless
+        ``content_rows`` maps rows to inputs. Returns h' and the attention weights (see
+        :class:`CoConAttention`)."""
+        if incremental_state is not None and not self.training and h.size(0) == 1 and not need_weights:
+            cache = self.attn.get_incremental_state(incremental_state, "cocon")
+            if cache is not None:  # a decoding step: the same computation without module-call overhead
+                ln = self.attn_layer_norm
+                h = h + self.attn._step(
+                    F.layer_norm(h, ln.normalized_shape, ln.weight, ln.bias, ln.eps), cache, incremental_state
+                )
+                ln = self.ffn_layer_norm
+                f = F.linear(
+                    F.layer_norm(h, ln.normalized_shape, ln.weight, ln.bias, ln.eps), self.fc1.weight, self.fc1.bias
+                )
+                return h + F.linear(self.activation_fn(f), self.fc2.weight, self.fc2.bias), None
         c = self.attn_layer_norm(content) if content is not None else None
         a, w = self.attn(
             self.attn_layer_norm(h),
@@ -206,7 +305,10 @@ class CoConBlock(nn.Module):
             content_attn_mask,
             incremental_state,
             need_weights,
+            content_rows,
         )
         h = h + F.dropout(a, p=self.dropout, training=self.training)
-        f = self.fc2(F.dropout(F.gelu(self.fc1(self.ffn_layer_norm(h))), p=self.dropout, training=self.training))
+        f = self.fc2(
+            F.dropout(self.activation_fn(self.fc1(self.ffn_layer_norm(h))), p=self.dropout, training=self.training)
+        )
         return h + F.dropout(f, p=self.dropout, training=self.training), w

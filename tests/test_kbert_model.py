@@ -82,10 +82,10 @@ def test_one_layer_trunk_tokens_away_from_mentions_do_not_see_the_knowledge(tagg
     assert checked > 0 and all(differs.values()), differs
 
 
-def tiny_roberta(tmp_path, data):
+@pytest.fixture(scope="module")
+def tiny_roberta(tagging_dir, tmp_path_factory):
     """A tiny fairseq RoBERTa (masked_lm) checkpoint on the task's dictionary, 2 updates."""
-    mlm = tmp_path / "mlm"
-    mlm.mkdir()
+    data, mlm = tagging_dir, tmp_path_factory.mktemp("mlm")
     lines = [x.split("\t")[0] for x in open(f"{data}/train.tsv", encoding="utf-8").read().splitlines()[1:]]
     (mlm / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     run_cli(
@@ -125,10 +125,10 @@ def tiny_roberta(tmp_path, data):
     return mlm / "ckpt" / "checkpoint_last.pt"
 
 
-def test_encoder_from_tiny_roberta_gives_roberta_outputs_without_kg(tagging_dir, tmp_path):
+def test_encoder_from_tiny_roberta_gives_roberta_outputs_without_kg(tagging_dir, tiny_roberta):
     from fairseq import checkpoint_utils
 
-    path = tiny_roberta(tmp_path, tagging_dir)
+    path = tiny_roberta
     [roberta], _ = checkpoint_utils.load_model_ensemble([str(path)])
     roberta.eval()
     task, model = build(tagging_dir, "--kbert-pretrained", path, "--max-positions", "128", kg=False)
@@ -245,3 +245,42 @@ def test_kbert_base_has_bert_base_sizes(tagging_dir):
     _, _, args = build_task_and_model(tagging_dir, "kbert_base", "--kg", f"{tagging_dir}/kg.spo", task="kbert_tagging")
     sizes = (args.encoder_layers, args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim)
     assert sizes == (12, 768, 12, 3072) and args.activation_fn == "gelu" and not args.encoder_normalize_before
+
+
+def test_restore_file_with_reset_flags_starts_from_a_roberta_checkpoint(tagging_dir, tiny_roberta, tmp_path):
+    """fairseq-train --restore-file ROBERTA.pt --reset-*: the encoder starts from RoBERTa's weights
+    (one update at lr 1e-12 leaves them as they were), the heads from their initialization."""
+    save = tmp_path / "ckpt"
+    run_cli(
+        "fairseq-train",
+        tagging_dir,
+        *TRAIN_COMMON,
+        "--task",
+        "kbert_tagging",
+        "--kg",
+        f"{tagging_dir}/kg.spo",
+        "--arch",
+        "kbert_small",
+        *TINY,
+        "--max-positions",
+        "128",
+        "--criterion",
+        "kbert_tagging",
+        "--restore-file",
+        tiny_roberta,
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+        "--reset-lr-scheduler",
+        "--lr",
+        "1e-12",
+        "--max-update",
+        "1",
+        "--save-dir",
+        save,
+    )
+    roberta = torch.load(tiny_roberta)["model"]
+    kbert = torch.load(save / "checkpoint_last.pt")["model"]
+    for name in ("layers.0.fc1.weight", "layers.1.self_attn.q_proj.weight", "embed_tokens.weight"):
+        assert torch.allclose(kbert["encoder." + name], roberta["encoder.sentence_encoder." + name], atol=1e-6), name
+    assert "encoder.tagging_heads" not in kbert and "tagging_heads.tagging_head.out_proj.weight" in kbert

@@ -213,33 +213,10 @@ class KBertModel(FairseqEncoderModel):
         return model
 
     def load_pretrained_encoder(self, path: str):
-        """Copy ``encoder.sentence_encoder.*`` (RoBERTa / masked_lm) weights into the encoder.
-
-        Position tables of another length are copied up to the shorter one; the token table must
-        have our dictionary's size (pretrain on the same ``dict.txt``)."""
+        """Copy ``encoder.sentence_encoder.*`` (RoBERTa / masked_lm) weights into the encoder
+        (see :func:`encoder_state_from_roberta`)."""
         state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-        prefix = "encoder.sentence_encoder."
-        ours = self.encoder.state_dict()
-        loaded = []
-        for key, value in state.items():
-            if not key.startswith(prefix) or key[len(prefix) :] not in ours:
-                continue
-            name = key[len(prefix) :]
-            target = ours[name]
-            if name == "embed_positions.weight" and value.shape != target.shape:
-                n = min(value.size(0), target.size(0))
-                target = target.clone()
-                target[:n] = value[:n]
-                value = target
-            if value.shape != target.shape:
-                raise ValueError(
-                    f"{path}: {key} has shape {tuple(value.shape)}, the K-BERT encoder {tuple(target.shape)} "
-                    "(pretrain with the same dictionary and sizes)"
-                )
-            ours[name] = value
-            loaded.append(name)
-        if not any(n.startswith("layers.") for n in loaded):
-            raise ValueError(f"{path}: no encoder.sentence_encoder.layers.* weights (not a RoBERTa/masked_lm model?)")
+        ours, loaded = encoder_state_from_roberta(state, self.encoder.state_dict(), path)
         self.encoder.load_state_dict(ours)
         missing = sorted(set(ours) - set(loaded))
         logger.info(f"K-BERT encoder from {path}: {len(loaded)} tensors loaded, kept initial: {missing}")
@@ -277,8 +254,47 @@ class KBertModel(FairseqEncoderModel):
         return x, extra
 
     def upgrade_state_dict_named(self, state_dict, name):
-        # heads are built by the task before the checkpoint is loaded; nothing to rename
+        """A RoBERTa / masked_lm checkpoint given to ``--restore-file`` (with ``--reset-optimizer
+        --reset-dataloader --reset-meters --reset-lr-scheduler``) becomes a K-BERT state: its
+        ``encoder.sentence_encoder.*`` weights as ``encoder.*``, its LM head dropped, our heads
+        (and anything else it lacks) as initialized."""
+        prefix = name + "." if name else ""
+        if any(k.startswith(prefix + "encoder.sentence_encoder.") for k in state_dict):
+            roberta = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            ours, loaded = encoder_state_from_roberta(roberta, self.encoder.state_dict(), "--restore-file")
+            for k in [k for k in state_dict if k.startswith(prefix)]:
+                del state_dict[k]
+            for k, v in self.state_dict().items():
+                state_dict[prefix + k] = ours[k[len("encoder.") :]] if k.startswith("encoder.") else v
+            logger.info(f"K-BERT from a RoBERTa/masked_lm checkpoint: {len(loaded)} encoder tensors loaded")
         super().upgrade_state_dict_named(state_dict, name)
+
+
+def encoder_state_from_roberta(state: dict, ours: dict, path: str):
+    """``ours`` (the K-BERT encoder's state dict) with the ``encoder.sentence_encoder.*`` tensors of
+    a fairseq RoBERTa / masked_lm ``state`` put in, and the names loaded. The layer layout is the
+    same; position tables of another length are copied up to the shorter one; any other shape
+    difference (another dictionary or size) is an error."""
+    prefix = "encoder.sentence_encoder."
+    ours, loaded = dict(ours), []
+    for key, value in state.items():
+        name = key[len(prefix) :]
+        if not key.startswith(prefix) or name not in ours:
+            continue
+        target = ours[name]
+        if name == "embed_positions.weight" and value.shape != target.shape:
+            n = min(value.size(0), target.size(0))
+            value, target = torch.cat([value[:n], target[n:]]), target
+        if value.shape != target.shape:
+            raise ValueError(
+                f"{path}: {key} has shape {tuple(value.shape)}, the K-BERT encoder {tuple(target.shape)} "
+                "(pretrain with the same dictionary and sizes)"
+            )
+        ours[name] = value
+        loaded.append(name)
+    if not any(n.startswith("layers.") for n in loaded):
+        raise ValueError(f"{path}: no encoder.sentence_encoder.layers.* weights (not a RoBERTa/masked_lm model?)")
+    return ours, loaded
 
 
 @register_model_architecture("kbert", "kbert_base")

@@ -340,6 +340,23 @@ def test_soft_generation_equals_a_full_recomputation(cocon_data):
     assert torch.allclose(ys, want, atol=1e-5)
 
 
+def test_losses_run_inside_one_model_forward(cocon_data):
+    """torch's DDP (fairseq's pytorch_ddp) all-reduces the gradients of a forward it ran: every loss
+    must be computed inside one call of the model's forward."""
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_cycle_start=0, cocon_adv_start=0, cocon_cycle_steps=2)
+    model.train()
+    depth, outside = [0], []
+    model.register_forward_pre_hook(lambda m, a: depth.__setitem__(0, depth[0] + 1))
+    model.register_forward_hook(lambda m, a, o: depth.__setitem__(0, depth[0] - 1))
+    for sub in (model.decoder.block, model.decoder.lm.layers[0], model.discriminator):
+        sub.register_forward_pre_hook(lambda m, a: outside.append(m) if depth[0] == 0 else None)
+    calls = []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    _, _, log = crit(model, first_batch(task))
+    assert len(calls) == 1 and not outside and "loss_cycle" in log and "loss_adv" in log
+
+
 def test_cycle_and_adversarial_losses_start_at_their_update(cocon_data):
     task, model = build(cocon_data)
     crit = CoConCriterion(task, cocon_cycle_start=3, cocon_adv_start=5, cocon_cycle_steps=2)
@@ -357,6 +374,7 @@ def test_cycle_and_adversarial_losses_start_at_their_update(cocon_data):
 
 
 def test_loss_goes_down_and_only_cocon_learns(cocon_data):
+    torch.manual_seed(0)  # the block's start (the test must not depend on what ran before it)
     task, model = build(cocon_data)
     # the adversarial pair is on too (its gradients are checked above) but weighs little: pushing CoCon's states
     # towards the LM's works against reconstruction in a 16-wide random LM

@@ -22,14 +22,18 @@ OUR_ARCHS = {
     "kbert_base": "KBertModel",
     "kbert_small": "KBertModel",
     "kbert_transformer": "KBertTransformerModel",
+    "cocon_lm": "CoConModel",
+    "cocon_lm_small": "CoConModel",
 }
 OUR_CRITERIONS = {
     "force_copy": "ForceCopyCriterion",
     "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
     "kbert_tagging": "KBertTaggingCriterion",
+    "cocon": "CoConCriterion",
 }
 OUR_TASKS = {"eki_generation": "EKIGenerationTask", "translation_constrained": "TranslationConstrainedTask"}
 OUR_TASKS.update({"kbert_classification": "KBertClassificationTask", "kbert_tagging": "KBertTaggingTask"})
+OUR_TASKS["cocon_generation"] = "CoConGenerationTask"
 OUR_TASKS["kbert_translation"] = "KBertTranslationTask"
 
 

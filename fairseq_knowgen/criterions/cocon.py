@@ -38,6 +38,7 @@ Validation computes L_self and L_null only. Counting is by fairseq's ``update_nu
 ``train_step`` calls :meth:`CoConCriterion.set_update_num`), never by steps within an epoch.
 """
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -197,6 +198,13 @@ class CoConCriterion(FairseqCriterion):
         return self.nll(dec, h2, pad_mask, target, mask), mask.sum()
 
     def forward(self, model, sample, reduce=True):
+        """All four losses inside one call of the model's ``forward`` (``cocon_loss``): torch's
+        DistributedDataParallel (fairseq's ``pytorch_ddp``) synchronizes the gradients of what ran
+        inside its forward only, and the losses call the model's parts several times."""
+        return model(**sample["net_input"], cocon_loss=functools.partial(self.compute, sample=sample))
+
+    def compute(self, model, sample):
+        """``(loss, sample_size, logging_output)`` of the unwrapped model (see the module docstring)."""
         dec = model.decoder
         target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
         B, T = target.shape

@@ -446,7 +446,12 @@ class CoConModel(FairseqEncoderDecoderModel):
         encoder = CoConEncoder(task.source_dictionary, decoder)
         return cls(args, encoder, decoder, HiddenStateDiscriminator(dim, args.cocon_disc_dim))
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, **kwargs):
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, cocon_loss=None, **kwargs):
+        """The decoder's output for ``prev_output_tokens`` given the contents in ``src_tokens``;
+        with ``cocon_loss`` (the ``cocon`` criterion's), that function of this model instead, so
+        that a DDP wrapper sees the whole loss computation in one forward."""
+        if cocon_loss is not None:
+            return cocon_loss(self)
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, content_tau=content_tau)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 

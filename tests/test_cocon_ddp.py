@@ -1,0 +1,71 @@
+"""CoCon under fairseq's data parallel training with 2 CPU ranks (gloo): the frozen LM, the CoCon block
+and the discriminator end identical on both ranks, with every loss on (cycle and adversarial from
+update 1 and 2 on)."""
+
+import subprocess
+from unittest import mock
+
+import pytest
+import torch
+from conftest import TRAIN_COMMON
+from test_cocon import cocon_data  # noqa: F401  (the fixture: tiny sentences and an untrained LM)
+from test_ddp import TwoRanks
+
+
+class TwoRanksOn(TwoRanks):
+    """test_ddp's ranks with another --ddp-backend (TwoRanks fixes legacy_ddp)."""
+
+    def __init__(self, tmp_path, args, backend):
+        popen = subprocess.Popen
+
+        def with_backend(cmd, *a, **k):
+            cmd = list(cmd)
+            cmd[cmd.index("--ddp-backend") + 1] = backend
+            return popen(cmd, *a, **k)
+
+        with mock.patch.object(subprocess, "Popen", with_backend):
+            super().__init__(tmp_path, args)
+
+
+@pytest.mark.parametrize("backend", ["legacy_ddp"])  # pytorch_ddp: fairseq passes device_ids=[0], CPU fails
+def test_two_ranks_end_identical(cocon_data, tmp_path, backend):  # noqa: F811
+    data, lm = cocon_data
+    args = [
+        data,
+        *TRAIN_COMMON,
+        "--task",
+        "cocon_generation",
+        "--arch",
+        "cocon_lm_small",
+        "--cocon-lm-path",
+        lm,
+        "--criterion",
+        "cocon",
+        "--cocon-cycle-start",
+        "1",
+        "--cocon-adv-start",
+        "2",
+        "--cocon-cycle-steps",
+        "2",
+        "--max-update",
+        "5",
+        "--max-tokens",
+        "300",
+        "--save-dir",
+        tmp_path / "ckpt",
+    ]
+    with TwoRanksOn(tmp_path, args, backend) as ranks:
+        ranks.wait()
+    for r in range(2):
+        assert ranks.returncode(r) == 0, ranks.log(r)[-4000:]
+    assert "loss_disc" in ranks.log(0) and "loss_cycle" in ranks.log(0)  # (rank 0 logs)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert r0["num_updates"] == r1["num_updates"] == 5
+    assert r0["losses"] == r1["losses"]
+    for k in r0["params"]:
+        assert torch.equal(r0["params"][k], r1["params"][k]), k
+    lm_state = torch.load(lm, weights_only=False)["model"]
+    for k, v in lm_state.items():
+        assert torch.equal(r0["params"]["decoder.lm." + k.split("decoder.", 1)[1]], v), k
+    assert any(k.startswith("discriminator.") for k in r0["params"])
+    assert not ranks.leftovers()

@@ -114,3 +114,13 @@ def test_trains_with_fairseq_train_and_decodes_with_fairseq_generate(webnlg_like
     hyps = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 24
     assert "injected tokens kept" in proc.stderr
+
+
+def test_facts_hang_on_the_first_mention_only_when_asked():
+    kg = KnowledgeGraph([("Ann", "club", "Red")], tokenize=word_tokenize)
+    words = "<S> Ann <P> a <O> b <S> Ann <P> c <O> d".split()
+    assert (
+        " ".join(build_sentence_tree(words, kg, "object", once=True).tokens)
+        == "<S> Ann Red <P> a <O> b <S> Ann <P> c <O> d"
+    )
+    assert " ".join(build_sentence_tree(words, kg, "object").tokens).count("Red") == 2

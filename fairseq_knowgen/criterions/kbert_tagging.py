@@ -66,7 +66,7 @@ class KBertTaggingCriterion(FairseqCriterion):
             "sample_size": sample_size,
             "ncorrect": ncorrect,
         }
-        if not model.training and self.labels is not None:
+        if self.labels is not None and not model.training:
             logging_output.update(self.entity_counts(logits.argmax(-1), target))
         return loss, sample_size, logging_output
 

@@ -187,6 +187,7 @@ class KBertPairDataset(LanguagePairDataset):
         max_positions: the longest source tree (``</s>`` included)
         skip_source_facts: do not inject a triple the source states itself (linearized
             ``<S> s <P> p <O> o`` sources)
+        once: inject an entity's facts at its first mention only
     """
 
     def __init__(
@@ -196,6 +197,7 @@ class KBertPairDataset(LanguagePairDataset):
         inject: str,
         max_positions: int,
         skip_source_facts: bool = True,
+        once: bool = True,
     ):
         d = pair.src_dict
         sources, self.extra = [], []
@@ -205,7 +207,7 @@ class KBertPairDataset(LanguagePairDataset):
             eos = ids[-1] == d.eos()
             words = [d[t] for t in (ids[:-1] if eos else ids)]
             exclude = source_facts(words) if skip_source_facts else frozenset()
-            tree = build_sentence_tree(words, kg, inject, max_len=max_positions - 1, exclude=exclude)
+            tree = build_sentence_tree(words, kg, inject, max_len=max_positions - 1, exclude=exclude, once=once)
             sources.append(
                 torch.tensor([d.index(t) for t in tree.tokens] + ([d.eos()] if eos else []), dtype=torch.long)
             )

@@ -61,6 +61,7 @@ def build_sentence_tree(
     max_len: Optional[int] = None,
     start_position: int = 0,
     exclude=frozenset(),
+    once: bool = False,
 ) -> SentenceTree:
     """The sentence tree of ``tokens`` with ``kg``'s branches (none when ``kg`` is ``None``).
 
@@ -72,10 +73,15 @@ def build_sentence_tree(
         start_position: soft position of the first trunk token (1 when a ``<s>`` precedes it)
         exclude: ``(subject, predicate, object)`` token tuples not to inject (facts the input
             already states, e.g. a WebNLG source's own triples)
+        once: a subject's branches hang on its first mention only (later mentions stay plain)
     """
     mentions = []  # [start, end, [branch tokens, ...]]
     if kg is not None:
+        seen = set()
         for start, end in kg.mentions(tokens):
+            if once and tuple(tokens[start:end]) in seen:
+                continue
+            seen.add(tuple(tokens[start:end]))
             branches = [branch_tokens(p, o, inject) for p, o in kg.triples_of(tokens[start:end], exclude)]
             branches = [b for b in branches if b]
             if branches:

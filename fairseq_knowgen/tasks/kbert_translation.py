@@ -46,6 +46,10 @@ class KBertTranslationConfig(TranslationConfig):
             "help": "also inject triples the linearized source (<S> s <P> p <O> o) states itself (default: skip)"
         },
     )
+    kg_every_mention: bool = field(
+        default=False,
+        metadata={"help": "hang an entity's facts on every mention of it (default: its first mention only)"},
+    )
 
 
 @register_task("kbert_translation", dataclass=KBertTranslationConfig)
@@ -76,4 +80,11 @@ class KBertTranslationTask(TranslationTask):
 
     def kbert_pairs(self, pair):
         cfg = self.cfg
-        return KBertPairDataset(pair, self.kg, cfg.kg_inject, cfg.max_source_positions, not cfg.kg_keep_source_facts)
+        return KBertPairDataset(
+            pair,
+            self.kg,
+            cfg.kg_inject,
+            cfg.max_source_positions,
+            not cfg.kg_keep_source_facts,
+            not cfg.kg_every_mention,
+        )

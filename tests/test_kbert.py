@@ -272,3 +272,25 @@ def test_validation_entity_f1_is_seqeval_strict_typed_f1():
         n = sum(len(strict_entities(g)) + len(strict_entities(p)) for g, p in zip(gold, pred))
         expected = f1_score(gold, pred, mode="strict", scheme=IOB2, zero_division=0)
         assert abs((2 * tp / n if n else 0) - expected) < 1e-9
+
+
+def test_scores_typed_and_span_only_f1_by_hand(tmp_path):
+    """Gold: Disease(0-2), Symptom(3); predicted: Symptom(0-2), Symptom(3). Typed: 1 of 2 right
+    (P = R = F1 = 50); span-only (the original code's F1): both spans right (100)."""
+    from fairseq_knowgen.evaluation.kbert_score import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write(data / "valid.tsv", "text_a\tlabel\n头 痛 ， 咳\tB-Disease I-Disease O B-Symptom\n")
+    pred = write(tmp_path / "p", "B-Symptom I-Symptom O B-Symptom\n")
+    out = tmp_path / "s.json"
+    main(["--data", str(data), "--pred", str(pred), "--tagging", "--name", "x", "--json-out", str(out)])
+    import json
+
+    scores = json.loads(out.read_text())["x/valid"]
+    assert (scores["typed_precision"], scores["typed_recall"], scores["typed_f1"], scores["span_f1"]) == (
+        50,
+        50,
+        50,
+        100,
+    )

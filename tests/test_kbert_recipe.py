@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -57,17 +58,25 @@ def test_recipe_end_to_end(tmp_path, task):
     proc = run_recipe(task, data, out)
     assert "K-BERT encoder from" in (out / "runs" / "kbert" / "train.log").read_text()  # started from the MLM
     for split in ("valid", "test"):
-        scores = json.loads((out / "runs" / "kbert" / f"{split}.scores.json").read_text())
+        scores = json.loads((out / "runs" / "kbert" / f"{split}.scores.json").read_text())[f"kbert/{split}"]
         floor = "dictionary" if task == "medical_ner" else "tfidf"
-        floor_scores = json.loads((out / "floors" / f"{floor}.{split}.scores.json").read_text())
+        floor_scores = json.loads((out / "floors" / floor / f"{split}.scores.json").read_text())[f"{floor}/{split}"]
         key = "typed_f1" if task == "medical_ner" else "accuracy"
-        assert 0 <= scores[key] <= 1 and 0 <= floor_scores[key] <= 1
+        assert 0 <= scores[key] <= 100 and 0 <= floor_scores[key] <= 100
         preds = (out / "runs" / "kbert" / f"{split}.pred").read_text().splitlines()
         gold = (data / task / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
         assert len(preds) == len(gold)
         if task == "medical_ner":  # one tag per original character
             assert [len(p.split()) for p in preds] == [len(g.split("\t")[0].split()) for g in gold]
     assert "== stage 5" in proc.stdout
+    key = "typed_f1" if task == "medical_ner" else "accuracy"
+    table = subprocess.run(
+        [sys.executable, "scripts/results_table.py", "--row", f"K-BERT={out}/runs/kbert", "--col", f"dev=valid:{key}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert table.returncode == 0 and "| K-BERT |" in table.stdout and " - |" not in table.stdout, table.stdout
     if task == "book_review":
         return
     # the ablations and the control KG run from stage 3 on the same folder

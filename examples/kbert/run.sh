@@ -14,7 +14,9 @@
 #       3 fine-tune K-BERT from it -> $OUT/runs/$NAME (checkpoint_best.pt picked on dev: accuracy for book_review,
 #         strict typed entity F1 for medical_ner)
 #       4 predict + score every evaluation split (valid [test]) -> $OUT/runs/$NAME/SPLIT.{pred,scores.json}
-#       5 floors: book_review TF-IDF + logistic regression, medical_ner dictionary tagger -> $OUT/floors/
+#       5 floors: book_review TF-IDF + logistic regression, medical_ner dictionary tagger -> $OUT/floors/FLOOR/
+#   Scores (percent): RUN/SPLIT.scores.json {"NAME/SPLIT": {accuracy | typed_f1 typed_precision typed_recall span_f1}}
+#   for scripts/results_table.py (a row per run folder, e.g. $OUT/runs/kbert or $OUT/floors/tfidf)
 #   Environment (all optional):
 #       NAME=kbert  KG=full|none|control  ARCH=kbert_small  ARCH_ARGS=""  (e.g. --no-visible-matrix,
 #           --no-soft-positions: the paper's ablations)   SEED=1
@@ -130,10 +132,11 @@ if stage 5; then
     else
       floor=dictionary; extra=(--kg "$OUT/kg/full.spo")
     fi
-    echo "== stage 5: floor $floor on $split -> $OUT/floors/$floor.$split.scores.json"
+    echo "== stage 5: floor $floor on $split -> $OUT/floors/$floor/$split.scores.json"
+    mkdir -p "$OUT/floors/$floor"
     $PY -m fairseq_knowgen.evaluation.kbert_floors $floor --data "$OUT/data" --split "$split" "${extra[@]}" \
-      --pred "$OUT/floors/$floor.$split.pred"
+      --pred "$OUT/floors/$floor/$split.pred"
     $PY -m fairseq_knowgen.evaluation.kbert_score --data "$OUT/data" --split "$split" $TAGGING --name "$floor" \
-      --pred "$OUT/floors/$floor.$split.pred" --json-out "$OUT/floors/$floor.$split.scores.json"
+      --pred "$OUT/floors/$floor/$split.pred" --json-out "$OUT/floors/$floor/$split.scores.json"
   done
 fi

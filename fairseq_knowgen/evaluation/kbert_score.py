@@ -9,7 +9,9 @@ original character, space-separated: tags of injected tokens are never read, sen
 a too long tree lost are tagged ``O``) and written to ``--pred``; without it ``--pred`` is read and
 scored. Scores: accuracy (classification); strict typed entity F1 with ``seqeval``
 (``mode="strict"``, IOB2) on the original characters, and span-only F1 (types removed; how the
-original K-BERT code scores NER, printed so numbers can be compared).
+original K-BERT code scores NER, printed so numbers can be compared). ``--json-out`` writes them in
+percent as ``{"NAME/SPLIT": {"accuracy": ...}}`` or ``{"NAME/SPLIT": {"typed_f1": ..., "typed_precision":
+..., "typed_recall": ..., "span_f1": ..., "sentences": N}}`` (``scripts/results_table.py`` reads it).
 """
 
 import argparse
@@ -116,17 +118,18 @@ def main(argv=None):
         preds, tagging = predict(a.path, a.data, a.split)
         with atomic_write(a.pred) as f:
             f.writelines(x + "\n" for x in preds)
-    scores = {"name": a.name, "split": a.split, **score(os.path.join(a.data, f"{a.split}.tsv"), a.pred, tagging)}
+    raw = score(os.path.join(a.data, f"{a.split}.tsv"), a.pred, tagging)
+    scores = {k: (v if k == "sentences" else 100 * v) for k, v in raw.items()}  # percent, as scripts/evaluate.py
     if tagging:
         print(
-            f"{a.name} {a.split}: typed F1 {100 * scores['typed_f1']:.2f} (P {100 * scores['typed_precision']:.2f} "
-            f"R {100 * scores['typed_recall']:.2f}); span-only F1 {100 * scores['span_f1']:.2f}"
+            f"{a.name} {a.split}: typed F1 {scores['typed_f1']:.2f} (P {scores['typed_precision']:.2f} "
+            f"R {scores['typed_recall']:.2f}); span-only F1 {scores['span_f1']:.2f}"
         )
     else:
-        print(f"{a.name} {a.split}: accuracy {100 * scores['accuracy']:.2f}")
-    if a.json_out:
+        print(f"{a.name} {a.split}: accuracy {scores['accuracy']:.2f}")
+    if a.json_out:  # {"NAME/SPLIT": {metric: value}}, the layout scripts/results_table.py reads
         with atomic_write(a.json_out) as f:
-            json.dump(scores, f, indent=1)
+            json.dump({f"{a.name}/{a.split}": scores}, f, indent=1)
     return scores
 
 

@@ -105,6 +105,7 @@ def test_webnlg_recipe_scores_test_seen_and_unseen_without_heldout(webnlg_data, 
     run_recipe("examples/webnlg/run.sh", webnlg_data, out, HELDOUT="")
     assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "test_seen", "test_unseen"]
     assert not (out / "raw" / "heldout.src").exists()
+    assert (out / "raw" / "valid.entmap").exists()  # whole-entity placeholders are the word-level default
     cats = {s: set((out / "raw" / f"{s}.category").read_text().split()) for s in ("test_seen", "test_unseen")}
     assert cats == {"test_seen": {"Artist"}, "test_unseen": {"Food"}}
     for split in ("valid", "test_seen", "test_unseen"):

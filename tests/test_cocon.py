@@ -307,6 +307,11 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
     loss, n = crit.cycle_loss(model, batch, h, pad, n_words)
     loss.backward()
     assert n > 0 and loss > 0
+    # --cocon-cycle-sentences 2: the first two sentences only
+    _, n2 = CoConCriterion(task, cocon_cycle_steps=3, cocon_cycle_sentences=2).cycle_loss(
+        model, batch, h.detach(), pad, n_words
+    )
+    assert 0 < n2 <= int(target[:2].ne(1).sum()) < n
     grads = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
     assert all(grads[k] is not None and grads[k].abs().sum() > 0 for k in grads if k.startswith("decoder.block."))
     assert all(p.grad is None for p in dec.lm.parameters())

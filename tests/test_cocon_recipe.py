@@ -64,6 +64,7 @@ RECIPE_ENV = dict(
     TAUS="5",
     SETS="cg ht5",
     MAX_TOKENS="1000",
+    COCON_MAX_TOKENS="1000",
 )
 
 

@@ -16,9 +16,10 @@
 #       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json) and the plot PLOT
 #   Environment (all optional):
 #       BPE_OPS=8000 HELDOUT=600 VALID=1000 CONTENT_MODE=separate (one content per concept; 'joined': one content)
-#       LM_LAYERS=4 LM_DIM=256 LM_HEADS=4 LM_MINUTES=15 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
+#       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=15 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
 #       JUDGE_SEED=2 JUDGE_MINUTES=15
-#       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=15 COCON_MAX_UPDATE=0 CYCLE_START=500 ADV_START=500
+#       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=15 COCON_MAX_UPDATE=0 CYCLE_START=100 ADV_START=100
+#       COCON_MAX_TOKENS=2048 (CoCon's batches: each update runs the LM ~4 times)
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-cycle-weight 0", "--cocon-null-weight 0",
 #                    "--cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
 #       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --beam 1" GEN_SEED=1 CG_LEN=32 HT_LEN=40
@@ -35,14 +36,14 @@ DATA=$(realpath -m "${1:-$ROOT/../shared/data}")
 OUT=$(realpath -m "${2:-$ROOT/work/cocon}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 BPE_OPS=${BPE_OPS:-8000}; HELDOUT=${HELDOUT:-600}; VALID=${VALID:-1000}; CONTENT_MODE=${CONTENT_MODE:-separate}
-LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-256}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-15}
+LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-15}
 LM_MAX_UPDATE=${LM_MAX_UPDATE:-0}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
 JUDGE_SEED=${JUDGE_SEED:-2}; JUDGE_MINUTES=${JUDGE_MINUTES:-$LM_MINUTES}
 NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-2}; COCON_MINUTES=${COCON_MINUTES:-15}
-COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-0}; CYCLE_START=${CYCLE_START:-500}; ADV_START=${ADV_START:-500}; ARGS=${ARGS:-}
+COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-0}; CYCLE_START=${CYCLE_START:-100}; ADV_START=${ADV_START:-100}; ARGS=${ARGS:-}
 TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --beam 1}; GEN_SEED=${GEN_SEED:-1}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
-MAX_TOKENS=${MAX_TOKENS:-4096}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$ROOT/docs/cocon_coverage_ppl.png}
+MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_MAX_TOKENS=${COCON_MAX_TOKENS:-2048}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$ROOT/docs/cocon_coverage_ppl.png}
 LM_PATH=${LM_PATH:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
@@ -87,7 +88,7 @@ fi
 if stage 2; then
   echo "== stage 2: BPE ($BPE_OPS merges) -> $OUT/bpe; binarize -> $OUT/bin/{lm,judge,gen}"
   mkdir -p "$OUT/bpe" "$OUT/bin"
-  $BIN/subword-nmt learn-bpe -s "$BPE_OPS" < "$OUT/raw/train.txt" > "$OUT/bpe/codes"
+  $BIN/subword-nmt learn-bpe -s "$BPE_OPS" < "$OUT/raw/train.txt" > "$OUT/bpe/codes" 2> "$OUT/bpe/learn.log"
   for f in train.txt train.judge.txt valid.txt heldout.txt cg.concepts.txt cg.ref.txt; do
     $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" --glossaries '<sep>' '<prompt>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
   done
@@ -119,7 +120,7 @@ if stage 5; then
     --cocon-lm-path "$LM" --cocon-layer "$COCON_LAYER" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 200 \
-    --max-tokens "$MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" $ARGS
+    --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" $ARGS
 fi
 if stage 6; then
   mkdir -p "$RUN/gen"

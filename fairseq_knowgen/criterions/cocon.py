@@ -16,7 +16,8 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   self part only (no content keys at all).
 - **Cycle reconstruction** (Eq. 11-13), from ``--cocon-cycle-start`` updates on: with one split t_c
   for the batch (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the next sentence
-  of the batch, cyclically), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
+  of the batch, cyclically; on the batch's first ``--cocon-cycle-sentences`` sentences only, as its cost
+  grows with sentences x vocabulary), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
   *soft* tokens: step s feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
   ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
   matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
@@ -69,6 +70,9 @@ class CoConCriterionConfig(FairseqDataclass):
         default="softmax", metadata={"help": "soft token fed back: softmax(o/T), or a Gumbel-softmax sample"}
     )
     cocon_cycle_temperature: float = field(default=1.0, metadata={"help": "T of the soft tokens"})
+    cocon_cycle_sentences: int = field(
+        default=32, metadata={"help": "the cycle runs on the batch's first N sentences (its cost grows with N x vocab)"}
+    )
     cocon_disc_update_freq: int = field(default=1, metadata={"help": "the discriminator learns every K updates"})
     cocon_self_mask: int = field(
         default=1, metadata={"help": "1: the step predicting x^b_j does not see content position j"}
@@ -112,6 +116,7 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_steps=10,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
+        cocon_cycle_sentences=32,
         cocon_disc_update_freq=1,
         cocon_self_mask=1,
         cocon_min_prefix=0,
@@ -124,6 +129,7 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_start, self.adv_start = cocon_cycle_start, cocon_adv_start
         self.cycle_steps = cocon_cycle_steps
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
+        self.cycle_sentences = max(2, cocon_cycle_sentences)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
         self.self_mask = bool(cocon_self_mask)
         self.min_prefix, self.min_content, self.max_content = cocon_min_prefix, cocon_min_content, cocon_max_content
@@ -182,8 +188,13 @@ class CoConCriterion(FairseqCriterion):
         return torch.cat(ys, dim=1)
 
     def cycle_loss(self, model, sample, h, pad_mask, n_words):
+        """L_cycle (Eq. 13) summed over the cycle's tokens, and their number, on the batch's first
+        ``--cocon-cycle-sentences`` sentences (``h``: the lower states of the whole batch)."""
         dec = model.decoder
-        target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
+        n = min(self.cycle_sentences, sample["target"].size(0))
+        target, prev = sample["target"][:n], sample["net_input"]["prev_output_tokens"][:n]
+        h, n_words = h[:, :n], n_words[:n]
+        pad_mask = pad_mask[:n] if pad_mask is not None else None
         B = target.size(0)
         tc = int(sample_splits(n_words.min().view(1), self.min_prefix, self.min_content)[0])
         perm = torch.roll(torch.arange(B, device=target.device), 1)

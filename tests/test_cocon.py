@@ -494,6 +494,36 @@ def test_frozen_lm_unchanged_and_without_optimizer_state(cocon_data, cocon_ckpt)
     assert exp_avg == n_trainable
 
 
+def test_checkpoint_round_trip_and_resume(cocon_data, cocon_ckpt, tmp_path):
+    """fairseq's loader rebuilds the model with every weight of the checkpoint (block, discriminator,
+    frozen LM) and the same outputs; fairseq-train resumes from it (optimizer state of the trainable
+    parameters only) and keeps the LM frozen."""
+    import shutil
+
+    from fairseq import checkpoint_utils
+
+    data, lm = cocon_data
+    saved = torch.load(cocon_ckpt, weights_only=False)["model"]
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(cocon_ckpt)])
+    model = models[0].eval()
+    assert set(model.state_dict()) == set(saved)
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    again = checkpoint_utils.load_model_ensemble([str(cocon_ckpt)], task=task)[0][0].eval()
+    src, prev = torch.tensor([[4, 5, 6]]), torch.tensor([[2, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(model(src, None, prev)[0], again(src, None, prev)[0])
+    resume = tmp_path / "resume"
+    resume.mkdir()
+    shutil.copy(cocon_ckpt, resume / "checkpoint_last.pt")
+    args = ["--cocon-lm-path", lm, "--cocon-cycle-start", "0", "--cocon-adv-start", "0", "--cocon-cycle-steps", "2"]
+    proc = train_cli(data, "--arch", "cocon_lm_small", *args, "--max-update", "5", "--save-dir", resume, save=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = torch.load(resume / "checkpoint_last.pt", weights_only=False)
+    assert after["optimizer_history"][-1]["num_updates"] == 5
+    assert all(torch.equal(after["model"][k], v) for k, v in saved.items() if k.startswith("decoder.lm."))
+    assert not torch.equal(after["model"]["decoder.block.fc1.weight"], saved["decoder.block.fc1.weight"])
+
+
 def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
     data, lm = cocon_data
     gen = tmp_path / "gen"
@@ -514,7 +544,7 @@ def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
 # -- bad input ---------------------------------------------------------------------------------------------------
 
 
-def train_cli(data, *extra):
+def train_cli(data, *extra, save=False):
     return run_cli(
         "fairseq-train",
         data,
@@ -533,7 +563,7 @@ def train_cli(data, *extra):
         "1",
         "--max-tokens",
         "500",
-        "--no-save",
+        *([] if save else ["--no-save"]),
         *extra,
         check=False,
     )

@@ -124,3 +124,44 @@ def test_facts_hang_on_the_first_mention_only_when_asked():
         == "<S> Ann Red <P> a <O> b <S> Ann <P> c <O> d"
     )
     assert " ".join(build_sentence_tree(words, kg, "object").tokens).count("Red") == 2
+
+
+def test_webnlg_recipe_trains_decodes_and_scores_kbert_transformer(tmp_path):
+    """examples/webnlg/run.sh with ARCH=kbert_transformer and the KG of its raw/train.src, through
+    training, fairseq-generate and scoring, on tiny WebNLG XML."""
+    import json
+    import os
+    import random
+    import subprocess
+
+    from conftest import ROOT
+    from test_recipes import RECIPE_ENV, webnlg_entries, webnlg_xml
+
+    rng, data, out = random.Random(0), tmp_path / "webnlg", tmp_path / "out"
+    for split, cats, n in (("train", ("Artist", "City"), 30), ("dev", ("Artist",), 6)):
+        folder = data / split / "1triples"
+        folder.mkdir(parents=True)
+        for cat in cats:
+            (folder / f"{cat}.xml").write_text(webnlg_xml(webnlg_entries(rng, cat, n)))
+    env = dict(os.environ, **RECIPE_ENV, HELDOUT="")
+
+    def recipe(**extra):
+        proc = subprocess.run(
+            ["bash", "examples/webnlg/run.sh", data, out],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=dict(env, **extra),
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    recipe(STOP_STAGE="3")
+    kg = out / "raw" / "kg.spo"
+    run_cli("-m", "fairseq_knowgen.prep.kbert", "webnlg-kg", "--src", out / "raw" / "train.src", "--out", kg)
+    task_args = f"--task kbert_translation --kg {kg}"
+    recipe(STAGE="4", NAME="kbert", ARCH="kbert_transformer", TASK_ARGS=task_args)
+    assert "injected tokens kept" in (out / "runs" / "kbert" / "train.log").read_text()
+    scores = json.loads((out / "runs" / "kbert" / "valid.scores.json").read_text())
+    assert "bleu4" in next(iter(scores.values()))

@@ -58,6 +58,23 @@ PROFILES: Dict[str, Dict] = {
         "extra": [],
         "data": "eki",
     },
+    # K-BERT: the ratio is the visible matrix's cost: the same encoder on the same injected input without it
+    "kbert_small": {
+        "task": "kbert_classification",
+        "criterion": "sentence_prediction",
+        "extra": [],
+        "data": "fairseq_knowgen.prep.kbert:make_benchmark_data",
+        "sizes": "encoder",
+        "generate": False,
+        "baseline": {
+            "arch": "kbert_small",
+            "task": "kbert_classification",
+            "criterion": "sentence_prediction",
+            "extra": ["--no-visible-matrix"],
+            "sizes": "encoder",
+            "generate": False,
+        },
+    },
 }
 # the default baseline trains on the same data as the arch (for EKI: the concatenated inputs)
 BASELINE_PROFILE = {

@@ -187,6 +187,24 @@ def test_split_points_within_bounds():
         assert ((t >= 3) | (n - 2 < 3)).all()
 
 
+def test_content_states_do_not_depend_on_batch_padding(cocon_data):
+    """Each content is encoded alone (``</s> c_1 .. c_n`` through the lower layers): in a padded batch
+    its states equal those of the content run by itself."""
+    task, model = build(cocon_data)
+    dec = model.decoder
+    rows = [[4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    batch = torch.tensor([r + [1] * (5 - len(r)) for r in rows])
+    with torch.no_grad():
+        states, pad = dec.encode_content_tensor(batch)
+        for b, r in enumerate(rows):
+            alone, _ = dec.encode_content_tensor(torch.tensor([r]))
+            assert torch.allclose(states[: len(r), b], alone[:, 0], atol=1e-6)
+            assert pad[b].tolist() == [False] * len(r) + [True] * (5 - len(r))
+            # and by hand: the LM's own lower layers on </s> c_1 .. c_n, the </s> state dropped
+            lm_states = dec.lm(torch.tensor([[2] + r]), return_all_hiddens=True)[1]["inner_states"][dec.split]
+            assert torch.allclose(alone[:, 0], lm_states[1:, 0], atol=1e-6)
+
+
 # -- incremental decoding ---------------------------------------------------------------------------------------
 
 

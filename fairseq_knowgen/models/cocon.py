@@ -319,11 +319,20 @@ class CoConDecoder(FairseqIncrementalDecoder):
             x, _, _ = layer(x, None, None, incremental_state, self_attn_mask=mask, self_attn_padding_mask=padding_mask)
         return x
 
-    def lower(self, tokens: Tensor, incremental_state=None, token_embeddings: Optional[Tensor] = None, new=None):
+    def lower(
+        self,
+        tokens: Tensor,
+        incremental_state=None,
+        token_embeddings: Optional[Tensor] = None,
+        new=None,
+        padding_mask: bool = True,
+    ):
         """``enc``: the states after layer ``l`` of the last ``new`` positions (see :meth:`embed`;
-        ``T x B x C``) and their padding mask."""
+        ``T x B x C``) and their padding mask. ``padding_mask=False`` for right-padded rows: under
+        the causal mask no real position sees a later pad, so the states of real positions are the
+        same without it (and torch's attention takes its fast path)."""
         x, pad = self.embed(tokens, incremental_state, token_embeddings, new)
-        return self.run_layers(x, self.lm.layers[: self.split], incremental_state, pad), pad
+        return self.run_layers(x, self.lm.layers[: self.split], incremental_state, pad if padding_mask else None), pad
 
     def upper(self, h: Tensor, incremental_state=None, padding_mask: Optional[Tensor] = None) -> Tensor:
         """``dec`` up to the features: layers ``l..``, final LayerNorm; ``B x T x C``."""
@@ -344,7 +353,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
         after ``</s>``: ``L x B x C`` and the ``B x L`` padding mask."""
         eos = self.lm.dictionary.eos()
         toks = torch.cat([content.new_full((content.size(0), 1), eos), content], dim=1)
-        h, _ = self.lower(toks)
+        h, _ = self.lower(toks, padding_mask=False)  # right-padded
         return h[1:], content.eq(self.lm.padding_idx)
 
     def encode_contents(self, contents: List[List[int]], device, soft: Optional[Tensor] = None):
@@ -365,7 +374,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
         for i, c in enumerate(contents):
             toks[i, 1 : len(c) + 1] = torch.tensor(c, dtype=torch.long)
         toks = toks.to(device)
-        h, _ = self.lower(toks)
+        h, _ = self.lower(toks, padding_mask=False)  # right-padded
         return h[1:].transpose(0, 1), toks[:, 1:].eq(pad)
 
     # -- fairseq decoder interface --------------------------------------------------------

@@ -291,3 +291,29 @@ def test_constraints_longer_than_the_length_limit_stop_with_exit_2(trained, tiny
             rf"error: {which}: its constraints hold 3 tokens, more than the 2 the decoder may write",
             capsys.readouterr().err,
         )
+
+
+@pytest.mark.parametrize("arch", ["transformer", "copy_transformer_small"])
+def test_at_most_once_keeps_listed_symbols_to_one_occurrence(arch, trained):
+    """``--at-most-once REGEX``: no hypothesis (of the n-best) holds a matching symbol twice, while the
+    same checkpoint repeats such symbols without the rule; symbols outside REGEX stay free."""
+    data, checkpoint = trained(arch)
+    common = [data, *DECODE, "--task", "translation_constrained", "--path", checkpoint, "--gen-subset", "test"]
+
+    def repeats(hyps, regex):
+        return [h for hs in hyps.values() for h in hs if len(matching := re.findall(regex, h)) > len(set(matching))]
+
+    words = r"\b[a-z]+\b"
+    assert repeats(hypotheses(in_process("generate", *common)), words), "the tiny model repeats no word: no test"
+    ruled = hypotheses(in_process("generate", *common, "--at-most-once", "[a-z]+"))
+    assert ruled and not repeats(ruled, words)
+
+
+def test_at_most_once_matching_nothing_is_an_error(trained, capsys):
+    data, checkpoint = trained("transformer")
+    with pytest.raises(SystemExit) as e:
+        in_process(
+            "generate", data, *DECODE, "--task", "translation_constrained", "--path", checkpoint,
+            "--gen-subset", "test", "--at-most-once", "<nothing-\\d+>",
+        )  # fmt: skip
+    assert e.value.code == 2 and "matches no target symbol" in capsys.readouterr().err

@@ -16,6 +16,10 @@ reads ``DATA/test.cons``. The flag is for decoding: the file must exist for each
 input lines instead (``source<TAB>constraint<TAB>...``) and ignores the flag. ``eki_generation``
 extends this task, so it has the same flags.
 
+``--at-most-once REGEX`` (a decoding rule, :mod:`fairseq_knowgen.modules.at_most_once`) lets each
+target symbol that matches REGEX appear at most once per hypothesis: ``--at-most-once '<ent-\\d+>'``
+keeps a WebNLG output from naming an entity twice. It works with and without constraints.
+
 Decoding needs room: a hypothesis can only end once it holds every constraint, and fairseq's
 search stops with ``AssertionError: N < N`` when the length limit comes first, so
 :meth:`TranslationConstrainedTask.inference_step` stops (exit 2) naming the input whose
@@ -32,6 +36,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..data.constraints import UNK_CHOICES, attach_constraints, constraints_path, token_counts
+from ..modules.at_most_once import AtMostOnceBlock, token_ids_matching
 from ..textio import DataError
 
 CONSTRAINTS_UNK = ChoiceEnum(list(UNK_CHOICES))
@@ -51,6 +56,14 @@ class TranslationConstrainedConfig(TranslationConfig):
         metadata={
             "help": "a constraint with a token outside the target dictionary: 'error' (stop, naming file:line) or "
             "'drop' (leave that constraint out)"
+        },
+    )
+
+    at_most_once: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "decoding: every target symbol matching this regular expression (whole symbol) appears at most "
+            "once in a hypothesis, e.g. '<ent-\\d+>' (each WebNLG entity named once)"
         },
     )
 
@@ -83,9 +96,16 @@ class TranslationConstrainedTask(TranslationTask):
                 file=sys.stderr,
             )
             sys.exit(2)
-        return super().build_generator(
+        generator = super().build_generator(
             models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
         )
+        if self.cfg.at_most_once:
+            ids = token_ids_matching(self.tgt_dict, self.cfg.at_most_once)
+            if ids.numel() == 0:
+                print(f"error: --at-most-once {self.cfg.at_most_once!r} matches no target symbol", file=sys.stderr)
+                sys.exit(2)
+            generator.repeat_ngram_blocker = AtMostOnceBlock(ids, generator.repeat_ngram_blocker)
+        return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """fairseq's step, after checking that each input's constraints fit in the length the

@@ -20,6 +20,8 @@
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
 #       CONSTRAINTS=0   1: stages 6-7 decode with every concept as a constraint (fairseq's lexically constrained
 #                       beam search, --constraints unordered; the concept as the input gives it) into SPLIT.cons.out
+#       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
+#                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:

@@ -2,8 +2,14 @@
 # The recipe sets: ROOT OUT RUN NAME ARCH ARCH_ARGS LAYERS DIM HEADS MINUTES MAX_UPDATE BPE_OPS BEAM
 # TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS], and calls the functions below in its
 # numbered stages.
-# Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores.
+# Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
+# DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
+# (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
 CONS=$([ "${CONSTRAINTS:-0}" = 1 ] && echo .cons || true)
+if [ -n "${DECODE_ARGS:-}" ]; then
+  [ -n "${DECODE_NAME:-}" ] || { echo "DECODE_ARGS needs a DECODE_NAME (the suffix of its outputs)"; exit 2; }
+  CONS="$CONS.$DECODE_NAME"
+fi
 
 PY=$ROOT/.venv/bin/python
 BIN=$ROOT/.venv/bin
@@ -89,17 +95,19 @@ stage_train() {
 }
 
 # stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint; CONSTRAINTS=1 adds
-# fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons (translation_constrained unless TASK_ARGS
-# names a task)
+# fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons, DECODE_ARGS their flags (both decode with
+# translation_constrained unless TASK_ARGS names a task)
 stage_generate() {
   local constrain=()
   if [ "${CONSTRAINTS:-0}" = 1 ]; then
     # a constraint with a token outside the dictionary (a BPE piece only dev has) cannot be generated: dropped
     constrain=(--constraints unordered --constraints-from cons --constraints-unk drop)
+  fi
+  if [ "${CONSTRAINTS:-0}" = 1 ] || [ -n "${DECODE_ARGS:-}" ]; then
     [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
   fi
   # shellcheck disable=SC2086
-  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" --gen-subset "$1" \
+  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" ${DECODE_ARGS:-} --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
     --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }

@@ -27,6 +27,8 @@
 #       CONSTRAINTS=1: stages 5-6 decode with every source entity (as encoded: <ent-K>, or its words and <unk-N>)
 #                  as a constraint (--constraints unordered) into SPLIT.cons.out and SPLIT.cons.scores.json
 #       BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
+#       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
+#                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
 #   Examples:
 #       bash examples/webnlg/run.sh
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh

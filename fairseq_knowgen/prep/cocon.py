@@ -153,14 +153,15 @@ def make_inputs(bpe_dir: str, out: str, content_mode: str = "separate", lengths=
         print(f"ht{k}: {len(spans)} contents of up to {k} BPE tokens")
 
 
-def make_benchmark_data(workdir: str, n_train: int, n_valid: int) -> str:
+def make_benchmark_data(workdir: str, n_train: int, n_valid: int):
     """A tiny binarized CoCon data set and a frozen ``transformer_lm`` for ``scripts/benchmark.py``.
 
     Writes ``workdir/bin`` (sentences from :mod:`fairseq_knowgen.demo_data`'s targets, binarized
     with ``fairseq-preprocess --only-source``) and ``workdir/bin/lm.pt``: an untrained
-    ``transformer_lm`` (4 layers, 128 wide, 4 heads, FFN 512; ``--cocon-lm-path {data}/lm.pt
-    --cocon-layer 2``), saved in fairseq's checkpoint format with its ``dict.txt`` beside it.
-    Returns the data folder. Four layers, not the benchmark's default two: CoCon adds one layer to
+    ``transformer_lm`` (4 layers, 128 wide, 4 heads, FFN 512), saved in fairseq's checkpoint format
+    with its ``dict.txt`` beside it. Returns ``(data_dir, {"arch": [...], "baseline": [...]})`` as
+    :func:`fairseq_knowgen.benchmarking.make_data` takes it: both sides get ``--cocon-lm-path`` and
+    ``--cocon-layer 2``. Four layers, not the benchmark's default two: CoCon adds one layer to
     its LM, so its decoding speed relative to the LM falls with the LM's depth (beam 5, 20 tokens,
     measured on a loaded 2-core machine: 0.78-0.83 at four layers, about 0.7 at two; GPT-2 small
     has twelve).
@@ -186,8 +187,9 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int) -> str:
         check=True,
         capture_output=True,
     )
-    save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=4, dim=128, heads=4)
-    return out
+    lm = save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=4, dim=128, heads=4)
+    lm_args = ["--cocon-lm-path", lm, "--cocon-layer", "2"]
+    return out, {"arch": lm_args, "baseline": lm_args}
 
 
 def save_untrained_lm(data: str, path: str, layers: int, dim: int, heads: int, seed: int = 1):

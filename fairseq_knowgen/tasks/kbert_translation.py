@@ -21,16 +21,16 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..data.kbert_dataset import KBertPairDataset
 from ..modules.knowledge_graph import INJECT_CHOICES, load_kg
+from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class KBertTranslationConfig(TranslationConfig):
+class KBertTranslationConfig(TranslationConstrainedConfig):
     kg: Optional[str] = field(
         default=None,
         metadata={"help": "knowledge graph (subject<TAB>predicate<TAB>object, space-tokenized); none: no KG"},
@@ -53,8 +53,9 @@ class KBertTranslationConfig(TranslationConfig):
 
 
 @register_task("kbert_translation", dataclass=KBertTranslationConfig)
-class KBertTranslationTask(TranslationTask):
-    """Translation with K-BERT sentence trees as sources (see the module docstring)."""
+class KBertTranslationTask(TranslationConstrainedTask):
+    """Translation with K-BERT sentence trees as sources (see the module docstring); decoding
+    rules of ``translation_constrained`` (``--at-most-once``) apply."""
 
     _kg = None
 

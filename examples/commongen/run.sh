@@ -21,7 +21,7 @@
 #       CONSTRAINTS=0   1: stages 6-7 decode with every concept as a constraint (fairseq's lexically constrained
 #                       beam search, --constraints unordered; the concept as the input gives it) into SPLIT.cons.out
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
-#                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
+#                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--no-repeat-ngram-size 3" DECODE_NAME=norep3)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:

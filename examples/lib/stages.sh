@@ -103,11 +103,13 @@ stage_generate() {
     # a constraint with a token outside the dictionary (a BPE piece only dev has) cannot be generated: dropped
     constrain=(--constraints unordered --constraints-from cons --constraints-unk drop)
   fi
-  if [ "${CONSTRAINTS:-0}" = 1 ] || [ -n "${DECODE_ARGS:-}" ]; then
+  if [ "${CONSTRAINTS:-0}" = 1 ] || [ -n "${DECODE_ARGS:-}${GEN_ARGS:-}" ]; then
     [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
   fi
+  # GEN_ARGS: the recipe's own decoding defaults (no suffix); DECODE_ARGS: the user's (suffix DECODE_NAME)
   # shellcheck disable=SC2086
-  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" ${DECODE_ARGS:-} --gen-subset "$1" \
+  $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" ${GEN_ARGS:-} \
+    ${DECODE_ARGS:-} --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
     --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }

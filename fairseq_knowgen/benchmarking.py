@@ -75,6 +75,31 @@ PROFILES: Dict[str, Dict] = {
             "generate": False,
         },
     },
+    # CoCon: the same frozen LM decoding alone (--cocon-mode lm) with the same search is the baseline; sizes come
+    # from the LM checkpoint make_benchmark_data writes (4 layers x 128)
+    "cocon_lm": {
+        "task": "cocon_generation",
+        "criterion": "cocon",
+        "extra": ["--cocon-cycle-start", "0", "--cocon-adv-start", "0", "--cocon-cycle-steps", "4"],
+        "data": "fairseq_knowgen.prep.cocon:make_benchmark_data",
+        "sizes": "none",
+        "baseline": {
+            "arch": "cocon_lm",
+            "task": "cocon_generation",
+            "criterion": "cocon",
+            "extra": [
+                "--cocon-cycle-start",
+                "0",
+                "--cocon-adv-start",
+                "0",
+                "--cocon-cycle-steps",
+                "4",
+                "--cocon-mode",
+                "lm",
+            ],
+            "sizes": "none",
+        },
+    },
 }
 # the default baseline trains on the same data as the arch (for EKI: the concatenated inputs)
 BASELINE_PROFILE = {

@@ -18,7 +18,9 @@ extends this task, so it has the same flags.
 
 ``--at-most-once REGEX`` (a decoding rule, :mod:`fairseq_knowgen.modules.at_most_once`) lets each
 target symbol that matches REGEX appear at most once per hypothesis: ``--at-most-once '<ent-\\d+>'``
-keeps a WebNLG output from naming an entity twice. It works with and without constraints.
+keeps a WebNLG output from naming an entity twice. Combined with ``--constraints``, fairseq's
+constrained search stopped at the length limit (``AssertionError: 200 < 200``) on some WebNLG dev
+inputs (not yet understood), so the WebNLG recipe uses the rule only without constraints.
 
 Decoding needs room: a hypothesis can only end once it holds every constraint, and fairseq's
 search stops with ``AssertionError: N < N`` when the length limit comes first, so

@@ -49,23 +49,8 @@ cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$ROOT/examples/lib/stages.sh"
-stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 LM=${LM_PATH:-$OUT/runs/lm/checkpoints/checkpoint_best.pt}
 RUN=$OUT/runs/$NAME
-hours() { $PY -c "print($1 / 60)"; }
-
-# train_logged RUN_DIR fairseq-train-args...: fairseq-train into RUN_DIR/checkpoints, log in RUN_DIR/train.log;
-# a crash fails the stage (even when an older checkpoint is there)
-train_logged() {
-  local run=$1; shift
-  mkdir -p "$run"
-  if ! $BIN/fairseq-train "$@" --save-dir "$run/checkpoints" --no-epoch-checkpoints --no-progress-bar \
-    --log-interval 100 --required-batch-size-multiple 1 $TRAIN_ARGS $DEVICE_ARGS 2>&1 | tee "$run/train.log" \
-    | { grep -E "\| (train|valid) \|" || true; }; then
-    echo "fairseq-train failed; the last lines of $run/train.log:"; tail -n 20 "$run/train.log"; return 1
-  fi
-  [ -f "$run/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $run/train.log"; return 1; }
-}
 
 # train_lm RUN_DIR DATA_BIN SEED MINUTES: a fairseq transformer_lm (its dict.txt copied beside the checkpoints)
 train_lm() {
@@ -76,7 +61,8 @@ train_lm() {
     --decoder-attention-heads "$LM_HEADS" --share-decoder-input-output-embed --dropout 0.1 \
     --sample-break-mode complete --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 \
-    --max-tokens "$MAX_TOKENS" --max-update "$LM_MAX_UPDATE" --stop-time-hours "$(hours "$minutes")" $LM_ARGS
+    --max-tokens "$MAX_TOKENS" --max-update "$LM_MAX_UPDATE" --stop-time-hours "$(hours "$minutes")" \
+    --log-interval 100 $LM_ARGS $TRAIN_ARGS
   cp "$bin/dict.txt" "$run/checkpoints/dict.txt"
 }
 
@@ -116,11 +102,12 @@ fi
 if stage 5; then
   echo "== stage 5: train CoCon $NAME (--arch $ARCH --cocon-layer $COCON_LAYER $ARGS; $COCON_MINUTES min) -> $RUN"
   # shellcheck disable=SC2086
-  train_logged "$RUN" "$OUT/bin/lm" --user-dir fairseq_knowgen --task cocon_generation --arch "$ARCH" --seed 1 \
+  train_logged "$RUN" "$OUT/bin/lm" --task cocon_generation --arch "$ARCH" --seed 1 \
     --cocon-lm-path "$LM" --cocon-layer "$COCON_LAYER" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 200 \
-    --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" $ARGS
+    --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
+    --log-interval 100 $ARGS $TRAIN_ARGS
 fi
 if stage 6; then
   mkdir -p "$RUN/gen"

@@ -58,25 +58,9 @@ case $KG in full|control) KG_ARGS="--kg $OUT/kg/$KG.spo" ;; none) KG_ARGS="" ;;
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-PY=$ROOT/.venv/bin/python
-BIN=$ROOT/.venv/bin
-DEVICE_ARGS=$([ -n "$(command -v nvidia-smi)" ] || echo --cpu)
+DECODE_ARGS=""  # stages.sh's decoding flags are for fairseq-generate recipes (K-BERT predicts with kbert_score)
+. "$ROOT/examples/lib/stages.sh"  # after CRITERION and TASK_ARGS above: it keeps them
 RUN=$OUT/runs/$NAME
-hours() { $PY -c "print($1 / 60)"; }
-stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
-require_stage1() { [ -f "$OUT/data/eval_splits" ] || { echo "$OUT/data/eval_splits is missing: run stage 1 first"; exit 2; }; }
-# train_or_fail LOG ARGS...: fairseq-train with its log in LOG; a crash (or no checkpoint_best.pt) fails the stage
-train_or_fail() {
-  local log=$1 dir; shift
-  dir=$(dirname "$log")/checkpoints
-  rm -f "$dir/checkpoint_best.pt"  # an older best checkpoint must not pass for this run's
-  if ! $BIN/fairseq-train "$@" --save-dir "$dir" --user-dir fairseq_knowgen --no-epoch-checkpoints \
-      --no-progress-bar --log-interval 50 --required-batch-size-multiple 1 $DEVICE_ARGS 2>&1 | tee "$log" \
-      | { grep -E "\| (train|valid) \|" || true; }; then
-    echo "fairseq-train failed; the last lines of $log:"; tail -n 20 "$log"; return 1
-  fi
-  [ -f "$dir/checkpoint_best.pt" ] || { echo "no checkpoint: see $log"; return 1; }
-}
 mkdir -p "$OUT"
 
 if stage 1; then
@@ -87,34 +71,33 @@ if stage 1; then
     --validpref "$OUT/mlm/valid.txt" --destdir "$OUT/mlm-bin" --workers 1 > "$OUT/mlm-bin.log" 2>&1 \
     || { echo "fairseq-preprocess failed: see $OUT/mlm-bin.log"; exit 1; }
 fi
-[ "$STOP_STAGE" -lt 2 ] || require_stage1
+[ "$STOP_STAGE" -lt 2 ] || require_file "$OUT/data/eval_splits" 1
 if stage 2; then
   echo "== stage 2: character-level masked LM (roberta, $LAYERS x $DIM, $MLM_UPDATE updates / $MLM_MINUTES min) -> $OUT/mlm"
-  mkdir -p "$OUT/mlm"
   # shellcheck disable=SC2086
-  train_or_fail "$OUT/mlm/train.log" "$OUT/mlm-bin" --task masked_lm --criterion masked_lm --arch roberta \
+  train_logged "$OUT/mlm" "$OUT/mlm-bin" --task masked_lm --criterion masked_lm --arch roberta \
     --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim $((4 * DIM)) \
     --encoder-attention-heads "$HEADS" --max-positions "$MAX_POSITIONS" --tokens-per-sample "$MAX_POSITIONS" \
     --sample-break-mode none --dropout 0.1 --attention-dropout 0.1 --seed "$SEED" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$MLM_LR" \
     --lr-scheduler polynomial_decay --warmup-updates $((MLM_UPDATE / 10)) --total-num-update "$MLM_UPDATE" \
     --max-update "$MLM_UPDATE" --stop-time-hours "$(hours "$MLM_MINUTES")" --batch-size "$MLM_BATCH" \
-    --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1 $TRAIN_ARGS
+    --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1 --log-interval 50 \
+    $TRAIN_ARGS
 fi
 if stage 3; then
   init=()
   [ "$PRETRAINED" = none ] || init=(--kbert-pretrained "$PRETRAINED")
   echo "== stage 3: fine-tune $NAME (--arch $ARCH $ARCH_ARGS, KG=$KG, seed $SEED, from ${PRETRAINED}) -> $RUN"
-  mkdir -p "$RUN"
   # shellcheck disable=SC2086
-  train_or_fail "$RUN/train.log" "$OUT/data" --task "$FS_TASK" $KG_ARGS --max-positions "$MAX_POSITIONS" $TASK_ARGS \
+  train_logged "$RUN" "$OUT/data" --task "$FS_TASK" $KG_ARGS --max-positions "$MAX_POSITIONS" $TASK_ARGS \
     --arch "$ARCH" --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim $((4 * DIM)) \
     --encoder-attention-heads "$HEADS" "${init[@]}" $ARCH_ARGS --criterion "$CRITERION" --seed "$SEED" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$LR" \
     --lr-scheduler polynomial_decay --warmup-updates $((MAX_UPDATE / 10)) --total-num-update "$MAX_UPDATE" \
     --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --batch-size "$BATCH" \
     --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" --keep-interval-updates 1 \
-    --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric $TRAIN_ARGS
+    --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric --log-interval 50 $TRAIN_ARGS
 fi
 if stage 4; then
   for split in $(cat "$OUT/data/eval_splits"); do

@@ -1,7 +1,8 @@
 # Shared stages of the recipes in examples/<dataset>/run.sh (sourced, not run).
 # The recipe sets: ROOT OUT RUN NAME ARCH ARCH_ARGS LAYERS DIM HEADS MINUTES MAX_UPDATE BPE_OPS BEAM
 # TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS], and calls the functions below in its
-# numbered stages.
+# numbered stages. Recipes of another shape (examples/kbert, examples/cocon) use only PY BIN DEVICE_ARGS stage hours
+# require_file train_logged.
 # Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
 # DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
 # (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
@@ -22,9 +23,36 @@ TASK_ARGS=${TASK_ARGS:-}
 # extra_splits: those other than valid (binarized apart with stage_binarize_extra)
 eval_splits() { cat "$OUT/raw/eval_splits"; }
 extra_splits() { grep -vx valid "$OUT/raw/eval_splits" || true; }
+# stage N: whether stage N is between STAGE and STOP_STAGE; hours MINUTES: MINUTES in hours (--stop-time-hours)
+stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
+hours() { $PY -c "print($1 / 60)"; }
+# require_file PATH N: stop (exit 2) when a later stage runs before stage N wrote PATH
+require_file() {
+  [ -f "$1" ] || { echo "$1 is missing: run stage $2 first (STAGE=$2)"; exit 2; }
+}
 # require_stage1: stop (exit 2) when a later stage runs before stage 1 wrote raw/eval_splits
-require_stage1() {
-  [ -f "$OUT/raw/eval_splits" ] || { echo "$OUT/raw/eval_splits is missing: run stage 1 first (STAGE=1)"; exit 2; }
+require_stage1() { require_file "$OUT/raw/eval_splits" 1; }
+
+# train_logged RUN_DIR fairseq-train-args...: fairseq-train --user-dir fairseq_knowgen into RUN_DIR/checkpoints
+# (no epoch checkpoints, no progress bar, any batch size, $DEVICE_ARGS last), its log in RUN_DIR/train.log and its
+# train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
+# log's last lines, when fairseq-train fails or leaves no checkpoint_best.pt.
+train_logged() {
+  local run=$1; shift
+  mkdir -p "$run"
+  # a crash must not pass for success when an older checkpoint_best.pt is there: the exit status is checked, and
+  # without a checkpoint_last.pt to resume from (fairseq keeps the best of the run it resumes) an older best
+  # checkpoint is another run's: removed
+  [ -f "$run/checkpoints/checkpoint_last.pt" ] || rm -f "$run/checkpoints/checkpoint_best.pt"
+  # shellcheck disable=SC2086
+  if ! $BIN/fairseq-train --user-dir fairseq_knowgen --save-dir "$run/checkpoints" --no-epoch-checkpoints \
+    --no-progress-bar --required-batch-size-multiple 1 "$@" $DEVICE_ARGS 2>&1 | tee "$run/train.log" \
+    | { grep -E "\| (train|valid) \|" || true; }; then
+    echo "fairseq-train failed; the last lines of $run/train.log:"
+    tail -n 20 "$run/train.log"
+    return 1
+  fi
+  [ -f "$run/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $run/train.log"; return 1; }
 }
 
 # stage_bpe FILE...: learn joint BPE on raw/train.{src,tgt}, apply to every raw/FILE (into bpe/FILE);
@@ -72,26 +100,18 @@ stage_constraints() {
 }
 
 # stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0);
-# fails (with the log's last lines) when fairseq-train fails
+# fails (with the log's last lines) when fairseq-train fails (train_logged)
 stage_train() {
-  mkdir -p "$RUN"
-  # a crash must not pass for success when an older checkpoint_best.pt is in the run folder
   # shellcheck disable=SC2086
-  if ! $BIN/fairseq-train "$DATA_BIN" --user-dir fairseq_knowgen --seed 1 $TASK_ARGS \
+  train_logged "$RUN" "$DATA_BIN" --seed 1 $TASK_ARGS \
     --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
     --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
     --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
     --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout 0.2 \
     --criterion "$CRITERION" $CRITERION_ARGS \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
-    --max-tokens 4096 --required-batch-size-multiple 1 --max-update "$MAX_UPDATE" --stop-time-hours "$($PY -c "print($MINUTES / 60)")" \
-    --save-dir "$RUN/checkpoints" --no-epoch-checkpoints --no-progress-bar --log-interval 100 \
-    $TRAIN_ARGS $DEVICE_ARGS 2>&1 | tee "$RUN/train.log" | { grep -E "\| (train|valid) \|" || true; }; then
-    echo "fairseq-train failed; the last lines of $RUN/train.log:"
-    tail -n 20 "$RUN/train.log"
-    return 1
-  fi
-  [ -f "$RUN/checkpoints/checkpoint_best.pt" ] || { echo "no checkpoint: see $RUN/train.log"; return 1; }
+    --max-tokens 4096 --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --log-interval 100 \
+    $TRAIN_ARGS
 }
 
 # stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint; CONSTRAINTS=1 adds

@@ -48,7 +48,6 @@ case $INPUT in concepts) DATA_BIN=$OUT/bin ;; eki|eki-ood) DATA_BIN=$OUT/bin-$IN
   *) echo "INPUT must be concepts, eki or eki-ood"; exit 2 ;; esac
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
-stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 
 if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw"

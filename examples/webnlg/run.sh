@@ -60,7 +60,6 @@ RUN=$OUT/runs/$NAME
 DATA_BIN=$OUT/bin
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
-stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 
 if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw (held-out categories: $HELDOUT; entity placeholders: $ENTITIES)"

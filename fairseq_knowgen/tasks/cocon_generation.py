@@ -77,7 +77,23 @@ def parse_taus(text: str) -> List[float]:
     return taus
 
 
-class CoConTextDataset(FairseqDataset):
+class _SizedDataset(FairseqDataset):
+    """Batching by ``self.sizes`` (tokens per example), shortest first (stable)."""
+
+    def num_tokens(self, index):
+        return int(self.sizes[index])
+
+    def num_tokens_vec(self, indices):
+        return self.sizes[indices]
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+    def ordered_indices(self):
+        return np.argsort(self.sizes, kind="mergesort")
+
+
+class CoConTextDataset(_SizedDataset):
     """Sentences (``w_1 .. w_n </s>``) for training; see the module docstring."""
 
     def __init__(self, dataset, dictionary: Dictionary, max_len: int):
@@ -115,20 +131,8 @@ class CoConTextDataset(FairseqDataset):
             "target": target,
         }
 
-    def num_tokens(self, index):
-        return int(self.sizes[index])
 
-    def num_tokens_vec(self, indices):
-        return self.sizes[indices]
-
-    def size(self, index):
-        return int(self.sizes[index])
-
-    def ordered_indices(self):
-        return np.argsort(self.sizes, kind="mergesort")
-
-
-class CoConSourceDataset(FairseqDataset):
+class CoConSourceDataset(_SizedDataset):
     """Decoding inputs ``content <sep> content <prompt> prompt`` as token tensors."""
 
     def __init__(self, sources: List[torch.Tensor], dictionary: Dictionary):
@@ -156,18 +160,6 @@ class CoConSourceDataset(FairseqDataset):
             },
             "target": None,
         }
-
-    def num_tokens(self, index):
-        return int(self.sizes[index])
-
-    def num_tokens_vec(self, indices):
-        return self.sizes[indices]
-
-    def size(self, index):
-        return int(self.sizes[index])
-
-    def ordered_indices(self):
-        return np.argsort(self.sizes, kind="mergesort")
 
 
 def split_source(tokens: List[int], d: Dictionary):

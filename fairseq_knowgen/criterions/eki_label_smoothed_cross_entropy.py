@@ -22,6 +22,7 @@ without the scaling module gives no Lambda, and then L_E is 0.
 """
 
 from dataclasses import dataclass, field
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
-from fairseq.dataclass import ChoiceEnum
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor
 
 from ..modules.group_embedding import CONCEPT_GROUP
@@ -41,7 +42,9 @@ CONCEPT_LABELS = ChoiceEnum(list(CONCEPT_LABEL_CHOICES))
 
 
 @dataclass
-class EKICriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+class EKILossConfig(FairseqDataclass):
+    """The options of L_E, shared by this criterion and ``eki_force_copy``."""
+
     eki_lambda: float = field(default=1.0, metadata={"help": "weight lambda of L_E (Eq. 6)"})
     eki_concept_label: CONCEPT_LABELS = field(
         default="target",
@@ -50,6 +53,11 @@ class EKICriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
             "in the target, as for prototype tokens) or 'always' (1 for every concept token)"
         },
     )
+
+
+@dataclass
+class EKICriterionConfig(LabelSmoothedCrossEntropyCriterionConfig, EKILossConfig):
+    pass
 
 
 def l_e_labels(src_label: Tensor, src_group: Tensor, concept_label: str = "target") -> Tensor:
@@ -71,6 +79,34 @@ def token_classification_loss(lambda_mean, labels):
     return loss, correct, mask.sum()
 
 
+def eki_token_loss(net_output, sample, concept_label: str = "target") -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+    """L_E of Eq. 6 for a model output and its sample: (summed BCE, #correct, #labelled
+    tokens), or None when there is none (no scaling module, or no ``src_label`` in the sample)."""
+    extra = net_output[1]
+    lam = extra.get("eki_lambda_mean") if isinstance(extra, dict) else None
+    if lam is None or "src_label" not in sample:
+        return None
+    labels = l_e_labels(sample["src_label"], sample["net_input"]["src_group"], concept_label)
+    return token_classification_loss(lam, labels)
+
+
+def check_concept_label(concept_label) -> str:
+    concept_label = str(concept_label)
+    if concept_label not in CONCEPT_LABEL_CHOICES:
+        raise ValueError(f"--eki-concept-label must be 'target' or 'always', got {concept_label!r}")
+    return concept_label
+
+
+def log_eki_metrics(logging_outputs) -> None:
+    """``loss_e`` (bits per labelled source token) and ``acc_e`` from the ``loss_e``,
+    ``correct_e`` and ``n_e`` entries of the logging outputs."""
+    n = sum(log.get("n_e", 0) for log in logging_outputs)
+    if n > 0:
+        loss_e = sum(log.get("loss_e", 0) for log in logging_outputs)
+        metrics.log_scalar("loss_e", loss_e / n / torch.log(torch.tensor(2.0)).item(), n, round=3)
+        metrics.log_scalar("acc_e", sum(log.get("correct_e", 0) for log in logging_outputs) / n, n, round=3)
+
+
 @register_criterion("eki_label_smoothed_cross_entropy", dataclass=EKICriterionConfig)
 class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
@@ -85,9 +121,7 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.eki_lambda = eki_lambda
-        self.eki_concept_label = str(eki_concept_label)
-        if self.eki_concept_label not in CONCEPT_LABEL_CHOICES:
-            raise ValueError(f"--eki-concept-label must be 'target' or 'always', got {self.eki_concept_label!r}")
+        self.eki_concept_label = check_concept_label(eki_concept_label)
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
@@ -100,10 +134,9 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             "nsentences": sample["target"].size(0),
             "sample_size": sample_size,
         }
-        lam = net_output[1].get("eki_lambda_mean") if isinstance(net_output[1], dict) else None
-        if lam is not None and "src_label" in sample:
-            labels = l_e_labels(sample["src_label"], sample["net_input"]["src_group"], self.eki_concept_label)
-            loss_e, correct, n = token_classification_loss(lam, labels)
+        l_e = eki_token_loss(net_output, sample, self.eki_concept_label)
+        if l_e is not None:
+            loss_e, correct, n = l_e
             loss = loss + self.eki_lambda * loss_e
             logging_output.update(loss=loss.data, loss_e=loss_e.data, correct_e=correct.data, n_e=n.data)
         if self.report_accuracy:
@@ -115,8 +148,4 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
-        n = sum(log.get("n_e", 0) for log in logging_outputs)
-        if n > 0:
-            loss_e = sum(log.get("loss_e", 0) for log in logging_outputs)
-            metrics.log_scalar("loss_e", loss_e / n / torch.log(torch.tensor(2.0)).item(), n, round=3)
-            metrics.log_scalar("acc_e", sum(log.get("correct_e", 0) for log in logging_outputs) / n, n, round=3)
+        log_eki_metrics(logging_outputs)

@@ -44,6 +44,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from ..models.copy_transformer import placeholder_mask, uncopyable_mask
+from .eki_label_smoothed_cross_entropy import EKILossConfig, check_concept_label, eki_token_loss, log_eki_metrics
 
 COPY_SUPERVISION = ChoiceEnum(["none", "force", "force-unk"])
 OOV_VOCAB_TARGET = ChoiceEnum(["unk", "skip"])
@@ -145,13 +146,23 @@ class ForceCopyCriterion(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
+        loss, sample_size, logging_output = self.copy_loss(model, net_output, sample)
+        return loss, sample_size, logging_output
+
+    def copy_loss(self, model, net_output, sample):
+        """The loss of ``--copy-supervision`` summed over the target steps, the sample size
+        and the logging output (each term summed on its own)."""
         lprobs, extra = net_output
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             if key not in extra:
-                raise ValueError(f"force_copy needs a copy model (--arch copy_transformer*): no '{key}' in output")
+                raise ValueError(
+                    f"{self.__class__.__name__} needs a copy model (--arch copy_transformer*, or eki_* with --copy): "
+                    f"no '{key}' in output"
+                )
         target = model.get_targets(sample, net_output)
         src_tokens = sample["net_input"]["src_tokens"]
-        copyable = ~self.uncopyable[src_tokens]
+        # the model's own mask when it gives one (EKI's also keeps <sep> out), else pad/EOS/BOS/<unk>
+        copyable = extra["copyable"] if "copyable" in extra else ~self.uncopyable[src_tokens]
         t = force_copy_terms(
             lprobs,
             extra["vocab_lprobs"],
@@ -211,3 +222,64 @@ class ForceCopyCriterion(FairseqCriterion):
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
         return True
+
+
+@dataclass
+class EKIForceCopyConfig(ForceCopyConfig, EKILossConfig):
+    pass
+
+
+@register_criterion("eki_force_copy", dataclass=EKIForceCopyConfig)
+class EKIForceCopyCriterion(ForceCopyCriterion):
+    """EKI with the copy head (``--arch eki_* --copy``): the ``force_copy`` loss of
+    ``--copy-supervision`` (Eq. 7, or Eq. 8-12) in place of EKI's L_D, plus lambda * L_E of
+    the scaling module (EKI Eq. 6 and 10)::
+
+        loss = loss_copy + eki_lambda * L_E
+
+    Both parts come from the code of their own criterion (:meth:`ForceCopyCriterion.copy_loss`,
+    :func:`~fairseq_knowgen.criterions.eki_label_smoothed_cross_entropy.eki_token_loss`);
+    each term is logged on its own (``nll_loss``, ``loss_vocab``, ``loss_attn``, ``loss_pgen``,
+    ``copy_share``, ``p_gen``; ``loss_e``, ``acc_e``). ``loss`` is the sum, per target token
+    (or sentence with ``--sentence-avg``) as in both parents. Without a scaling module
+    (``--eki-scaling 0``) L_E is 0, and the criterion is ``force_copy``.
+    """
+
+    def __init__(
+        self,
+        task,
+        copy_supervision,
+        vocab_loss_weight,
+        attn_loss_weight,
+        pgen_loss_weight,
+        sentence_avg,
+        oov_vocab_target="unk",
+        eki_lambda=1.0,
+        eki_concept_label="target",
+    ):
+        super().__init__(
+            task,
+            copy_supervision,
+            vocab_loss_weight,
+            attn_loss_weight,
+            pgen_loss_weight,
+            sentence_avg,
+            oov_vocab_target,
+        )
+        self.eki_lambda = eki_lambda
+        self.eki_concept_label = check_concept_label(eki_concept_label)
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, sample_size, logging_output = self.copy_loss(model, net_output, sample)
+        l_e = eki_token_loss(net_output, sample, self.eki_concept_label)
+        if l_e is not None:
+            loss_e, correct, n = l_e
+            loss = loss + self.eki_lambda * loss_e
+            logging_output.update(loss=loss.data, loss_e=loss_e.data, correct_e=correct.data, n_e=n.data)
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        ForceCopyCriterion.reduce_metrics(logging_outputs)
+        log_eki_metrics(logging_outputs)

@@ -27,7 +27,7 @@ and the copy distribution uses the diminishing weights.
 
 import os
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -47,12 +47,17 @@ from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_att
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
 
 
-def uncopyable_mask(dictionary) -> Tensor:
+def uncopyable_mask(dictionary, symbols: Sequence[str] = ()) -> Tensor:
     """Vocabulary-sized bool tensor: True for symbols that are never copied (pad, EOS, BOS
-    and ``<unk>``: a source ``<unk>`` is some unknown word, not the target's)."""
+    and ``<unk>``: a source ``<unk>`` is some unknown word, not the target's), and for the
+    given ``symbols`` the dictionary has (EKI: ``<sep>`` and BART's ``<mask>``, markers of the
+    source's layout, not words)."""
     mask = torch.zeros(len(dictionary), dtype=torch.bool)
     for idx in {dictionary.pad(), dictionary.eos(), dictionary.bos(), dictionary.unk()}:
         mask[idx] = True
+    for symbol in symbols:
+        if symbol in dictionary.indices:
+            mask[dictionary.index(symbol)] = True
     return mask
 
 
@@ -78,6 +83,13 @@ class UnkTiedEmbedding(nn.Embedding):
         return super().forward(self.remap[tokens])
 
 
+def tie_placeholders(embedding: nn.Embedding, dictionary) -> nn.Embedding:
+    """``embedding`` with the ``<unk-N>`` placeholders reading ``<unk>``'s row (see the module
+    docstring); unchanged when the dictionary has none."""
+    tied = placeholder_mask(dictionary)
+    return UnkTiedEmbedding(embedding, tied, dictionary.unk()) if tied.any() else embedding
+
+
 class SourceKeepingEncoder(TransformerEncoderBase):
     """fairseq's encoder, which also returns ``src_tokens`` (the copy head scatters onto
     them; fairseq's ``reorder_encoder_out`` already reorders that entry in beam search)."""
@@ -94,17 +106,69 @@ class SourceKeepingEncoder(TransformerEncoderBase):
         return out
 
 
-class CopyTransformerDecoder(TransformerDecoderBase):
-    """Transformer decoder with a pointer-generator output (returns probabilities)."""
+def add_copy_args(parser, switch: bool = False):
+    """``--copy-layer`` and ``--copy-heads``; with ``switch`` also ``--copy`` (the models on
+    which the copy head is optional: ``eki_*``)."""
+    if switch:
+        parser.add_argument(
+            "--copy",
+            action="store_true",
+            help="add the pointer-generator copy head (force-copy paper, Eq. 5-6) over the whole source; "
+            "train with --criterion eki_force_copy (default: off, no copy parameters)",
+        )
+    parser.add_argument(
+        "--copy-layer",
+        type=int,
+        metavar="L",
+        help="decoder layer whose cross-attention is the copy attention (default -1: last)",
+    )
+    parser.add_argument(
+        "--copy-heads",
+        type=int,
+        metavar="H",
+        help="average the copy attention over the first H heads (default: all)",
+    )
 
-    def __init__(self, cfg, dictionary, embed_tokens, copy_layer: int = -1, copy_heads: Optional[int] = None):
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
+
+def copy_defaults(args):
+    """Fill unset copy options: the last layer's attention, all its heads."""
+    if getattr(args, "copy_layer", None) is None:
+        args.copy_layer = -1
+    args.copy_heads = getattr(args, "copy_heads", None)
+
+
+def dimattn_at_copy_layer(args, copy_layer: int):
+    """With ``--dimattn-type``, fill the other ``--dimattn-*`` defaults, diminishing attention
+    going to the copy layer (index ``copy_layer`` >= 0) when ``--dimattn-layers`` is left at
+    its default: the copy distribution then uses the diminishing weights."""
+    dimattn_defaults(args)
+    if args.dimattn_layers == "-1":
+        args.dimattn_layers = str(copy_layer)
+
+
+class CopyDecoderMixin:
+    """The pointer-generator output for a fairseq ``TransformerDecoderBase`` subclass.
+
+    ``forward`` runs the class's own ``extract_features`` (fairseq's, or EKI's with its
+    position indicator) with the copy layer's attention as alignment, then mixes P_vocab and
+    the copy distribution (:class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`,
+    Eq. 5-6) and returns log P(w). A subclass calls :meth:`add_copy_head` at the end of its
+    ``__init__``; its ``encoder_out`` must carry ``src_tokens``.
+    """
+
+    def add_copy_head(
+        self, cfg, dictionary, copy_layer: int = -1, copy_heads: Optional[int] = None, uncopyable_symbols=()
+    ):
+        """The switch parameters (Eq. 5) and the masks: ``uncopyable_symbols`` are never
+        copied besides pad/EOS/BOS/``<unk>`` (see :func:`uncopyable_mask`)."""
+        if not -len(self.layers) <= copy_layer < len(self.layers):
+            raise ValueError(f"--copy-layer {copy_layer} out of range for {len(self.layers)} decoder layers")
         self.copy_layer = copy_layer % len(self.layers)
         if copy_heads is not None and not 1 <= copy_heads <= cfg.decoder.attention_heads:
             raise ValueError(f"--copy-heads must be in 1..{cfg.decoder.attention_heads}, got {copy_heads}")
         self.copy_heads = copy_heads
         self.copy_generator = CopyGenerator(self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim)
-        self.register_buffer("uncopyable", uncopyable_mask(dictionary), persistent=False)
+        self.register_buffer("uncopyable", uncopyable_mask(dictionary, uncopyable_symbols), persistent=False)
         self.register_buffer("placeholders", placeholder_mask(dictionary), persistent=False)
 
     def forward(
@@ -121,7 +185,8 @@ class CopyTransformerDecoder(TransformerDecoderBase):
     ):
         """Returns (log P(w) ``B x T x V``, extra) where extra holds ``p_gen`` and
         ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_lprobs``
-        (``B x T x V``) and ``attn``."""
+        (``B x T x V``), ``copyable`` (``B x S`` bool, the source positions that may be
+        copied: the criterion's "w* in X" uses the same) and ``attn``."""
         x, extra = self.extract_features(
             prev_output_tokens,
             encoder_out=encoder_out,
@@ -135,6 +200,7 @@ class CopyTransformerDecoder(TransformerDecoderBase):
         input_embed = self.embed_tokens(tokens)  # y_t: B x T x C
         src_tokens = encoder_out["src_tokens"][0]
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
+        copyable = copyable_mask(src_tokens, self.uncopyable)
         out = self.copy_generator(
             self.output_layer(x),
             x,
@@ -142,11 +208,12 @@ class CopyTransformerDecoder(TransformerDecoderBase):
             extra["attn"][0],
             enc,
             src_tokens,
-            copyable_mask(src_tokens, self.uncopyable),
+            copyable,
             self.placeholders,
         )
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             extra[key] = out[key]
+        extra["copyable"] = copyable
         extra["attn"] = [out["copy_attn"]]
         return out["lprobs"], extra
 
@@ -157,6 +224,14 @@ class CopyTransformerDecoder(TransformerDecoderBase):
         return torch.log_softmax(lprobs, dim=-1) if log_probs else torch.softmax(lprobs, dim=-1)
 
 
+class CopyTransformerDecoder(CopyDecoderMixin, TransformerDecoderBase):
+    """Transformer decoder with a pointer-generator output (returns log-probabilities)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, copy_layer: int = -1, copy_heads: Optional[int] = None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
+        self.add_copy_head(cfg, dictionary, copy_layer, copy_heads)
+
+
 @register_model("copy_transformer")
 class CopyTransformerModel(TransformerModel):
     """Transformer + pointer-generator copy head (force-copy paper; See et al., 2017)."""
@@ -164,18 +239,7 @@ class CopyTransformerModel(TransformerModel):
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
-        parser.add_argument(
-            "--copy-layer",
-            type=int,
-            metavar="L",
-            help="decoder layer whose cross-attention is the copy attention (default -1: last)",
-        )
-        parser.add_argument(
-            "--copy-heads",
-            type=int,
-            metavar="H",
-            help="average the copy attention over the first H heads (default: all)",
-        )
+        add_copy_args(parser)
         add_dimattn_args(parser)
 
     @classmethod
@@ -202,9 +266,7 @@ class CopyTransformerModel(TransformerModel):
 
     @classmethod
     def build_embedding(cls, args, dictionary, embed_dim, path=None):
-        emb = super().build_embedding(args, dictionary, embed_dim, path)
-        tied = placeholder_mask(dictionary)
-        return UnkTiedEmbedding(emb, tied, dictionary.unk()) if tied.any() else emb
+        return tie_placeholders(super().build_embedding(args, dictionary, embed_dim, path), dictionary)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -213,13 +275,10 @@ class CopyTransformerModel(TransformerModel):
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        decoder = CopyTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, getattr(args, "copy_layer", -1), getattr(args, "copy_heads", None)
-        )
+        copy_defaults(args)
+        decoder = CopyTransformerDecoder(cfg, tgt_dict, embed_tokens, args.copy_layer, args.copy_heads)
         if getattr(args, "dimattn_type", None):
-            dimattn_defaults(args)
-            if getattr(args, "dimattn_layers", "-1") == "-1":
-                args.dimattn_layers = str(decoder.copy_layer)
+            dimattn_at_copy_layer(args, decoder.copy_layer)
             install_diminishing_attention(decoder, args)
         return decoder
 
@@ -229,10 +288,7 @@ class CopyTransformerModel(TransformerModel):
 
 @register_model_architecture("copy_transformer", "copy_transformer")
 def copy_transformer_architecture(args):
-    args.copy_layer = getattr(args, "copy_layer", None)
-    if args.copy_layer is None:
-        args.copy_layer = -1
-    args.copy_heads = getattr(args, "copy_heads", None)
+    copy_defaults(args)
     base_architecture(args)
 
 

@@ -18,7 +18,7 @@ The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
 
 import functools
 import logging
-from typing import List
+from typing import Any, Dict, List
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
@@ -90,31 +90,43 @@ def parse_layers(spec: str, num_layers: int, flag: str = "--dimattn-layers") -> 
     return sorted(out)
 
 
-def install_diminishing_attention(decoder, args):
-    """Replace the cross-attention of the chosen decoder layers by diminishing attention.
+def diminishing_attention_kwargs(args, max_positions: int) -> Dict[str, Any]:
+    """The keyword arguments of :class:`DiminishingMultiheadAttention` that ``--dimattn-*``
+    ask for (``dim_type``, ``g``, ``g2``, ``normalize``), after checking them.
 
-    The new module has exactly the parameters of the one it replaces (so nothing is left
-    without a gradient under DDP, and pretrained weights load into it). For ``dydim`` it
-    refuses a g2 that does not diminish more slowly than g1 (Eq. 5) on the coverage values
-    the decoder can reach (0 to its maximum number of positions); for ``dim`` it warns
-    when ``--dimattn-g2`` was given, as it is unused.
+    For ``dydim`` it refuses a g2 that does not diminish more slowly than g1 (Eq. 5) on the
+    coverage values a decoder of ``max_positions`` steps can reach (0 to ``max_positions``);
+    for ``dim`` it warns when ``--dimattn-g2`` was given, as it is unused. Shared by
+    :func:`install_diminishing_attention` and the EKI decoder (which combines it with its
+    position indicator on the layers that have both).
     """
     g1 = parse_concave(args.dimattn_g)  # fail early on a bad spec
     if args.dimattn_type == "dydim":
         check_slower_diminishing(
-            g1, parse_concave(args.dimattn_g2), decoder.max_positions(), names=("--dimattn-g", "--dimattn-g2")
+            g1, parse_concave(args.dimattn_g2), max_positions, names=("--dimattn-g", "--dimattn-g2")
         )
     elif getattr(args, "dimattn_g2", None) is not None:
         logger.warning(
             f"--dimattn-g2 {args.dimattn_g2} is unused with --dimattn-type {args.dimattn_type}: "
             "only DyDimAttn (--dimattn-type dydim) has a g2"
         )
+    return {
+        "dim_type": args.dimattn_type,
+        "g": args.dimattn_g,
+        "g2": args.dimattn_g2,
+        "normalize": args.dimattn_normalize,
+    }
+
+
+def install_diminishing_attention(decoder, args):
+    """Replace the cross-attention of the decoder layers ``--dimattn-layers`` by diminishing
+    attention (settings checked by :func:`diminishing_attention_kwargs`).
+
+    The new module has exactly the parameters of the one it replaces (so nothing is left
+    without a gradient under DDP, and pretrained weights load into it).
+    """
     build = functools.partial(
-        DiminishingMultiheadAttention,
-        dim_type=args.dimattn_type,
-        g=args.dimattn_g,
-        g2=args.dimattn_g2,
-        normalize=args.dimattn_normalize,
+        DiminishingMultiheadAttention, **diminishing_attention_kwargs(args, decoder.max_positions())
     )
     return replace_cross_attention(decoder, parse_layers(args.dimattn_layers, len(decoder.layers)), build)
 

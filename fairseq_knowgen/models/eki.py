@@ -31,7 +31,7 @@ absent from the checkpoint and keep their initialization (see ``load_state_dict`
 
 import argparse
 import functools
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
@@ -45,13 +45,20 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
+from ..data.eki_dataset import SEPARATOR
 from ..modules.cross_attention import replace_cross_attention
+from ..modules.diminishing_attention import DiminishingMultiheadAttention
 from ..modules.group_embedding import GroupEmbedding
 from ..modules.position_indicator import PositionIndicatorAttention
 from ..modules.scaling_module import SCALING_INITS, ScalingModule
-from .dimattn import parse_layers
+from .copy_transformer import CopyDecoderMixin, add_copy_args, copy_defaults, dimattn_at_copy_layer, tie_placeholders
+from .dimattn import add_dimattn_args, dimattn_defaults, diminishing_attention_kwargs, parse_layers
 
-NEW_PARAMETER_PREFIXES = ("encoder.group_embedding.", "encoder.scaling.", "distance_embed.")
+# parameters a pretrained (BART) checkpoint lacks: they keep their initialization on --restore-file
+NEW_PARAMETER_PREFIXES = ("encoder.group_embedding.", "encoder.scaling.", "distance_embed.", "decoder.copy_generator.")
+# never copied besides pad/EOS/BOS/<unk>: the separator of ``concepts <sep> prototype`` and
+# BART's <mask> mark the source's layout, they are no words of it
+EKI_UNCOPYABLE = (SEPARATOR, "<mask>")
 
 
 EKI_DEFAULTS = {
@@ -180,6 +187,8 @@ class EKIEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, args):
         super().__init__(cfg, dictionary, embed_tokens)
+        # the copy head scatters onto the source ids (fairseq's reorder_encoder_out keeps them)
+        self.keep_src_tokens = bool(getattr(args, "copy", False))
         dim = embed_tokens.embedding_dim
         self.group_embedding = GroupEmbedding(dim) if args.eki_group_embeddings else None
         self.scaling = (
@@ -209,6 +218,8 @@ class EKIEncoder(TransformerEncoderBase):
             out["encoder_out"] = [h]
             out["eki_lambda_mean"] = [lam.float().mean(-1).transpose(0, 1)]  # B x S
         out["src_distance"] = [src_distance] if src_distance is not None else []
+        if self.keep_src_tokens:
+            out["src_tokens"] = [src_tokens]
         return out
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
@@ -219,8 +230,57 @@ class EKIEncoder(TransformerEncoderBase):
         return new
 
 
+class DiminishingPositionIndicatorAttention(PositionIndicatorAttention, DiminishingMultiheadAttention):
+    """A cross-attention layer with both EKI's position indicator and diminishing attention.
+
+    The logits are Eq. 9 of the EKI paper (E_D added to the projected keys, cached with
+    them); the weights that mix the values are Sim et al.'s diminishing weights of the
+    softmax of those logits (Eq. 4, or Eq. 5 for ``dydim``), with their coverage state
+    in the incremental state. Parameters: those of :class:`PositionIndicatorAttention`
+    (fairseq's projections and ``distance_embed``), so an EKI checkpoint loads into it.
+
+    Args: those of both parents (``max_distance``; ``dim_type``, ``g``, ``g2``, ``normalize``).
+    """
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        incremental_state=None,
+        need_weights=True,
+        static_kv=True,
+        attn_mask=None,
+        before_softmax=False,
+        need_head_weights=False,
+        distances: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query ``T x B x C``, key/value ``S x B x C``, distances ``B x S`` ->
+        (``T x B x C``, the diminishing weights as fairseq returns attention weights)."""
+        distances = self.distances if distances is None else distances
+        if distances is None:
+            raise ValueError("the position indicator needs the prototype distances of the source")
+        return DiminishingMultiheadAttention.forward(
+            self,
+            query,
+            key,
+            value,
+            key_padding_mask,
+            incremental_state,
+            need_weights,
+            static_kv,
+            attn_mask,
+            before_softmax,
+            need_head_weights,
+            key_offset=functools.partial(self.distance_keys, distances),
+        )
+
+
 class EKIDecoder(TransformerDecoderBase):
-    """Decoder whose chosen cross-attention layers use the position indicator (Eq. 9)."""
+    """Decoder whose chosen cross-attention layers use the position indicator (Eq. 9) and,
+    with ``--dimattn-type``, diminishing attention (layers ``--dimattn-layers``; a layer
+    named by both gets :class:`DiminishingPositionIndicatorAttention`)."""
 
     def __init__(self, cfg, dictionary, embed_tokens, args):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
@@ -234,8 +294,25 @@ class EKIDecoder(TransformerDecoderBase):
                     f"--eki-position-layers: no layer given ({args.eki_position_layers!r}); "
                     "switch the position indicator off with --eki-position-indicator 0"
                 )
-            build = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
-            replace_cross_attention(self, self.position_layers, build)
+        dim_layers, dim_kwargs = [], {}
+        if getattr(args, "dimattn_type", None):
+            dim_layers = parse_layers(args.dimattn_layers, len(self.layers))
+            dim_kwargs = diminishing_attention_kwargs(args, self.max_positions())
+        position = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
+        for layers, build in (
+            ([i for i in self.position_layers if i not in dim_layers], position),
+            (
+                [i for i in dim_layers if i not in self.position_layers],
+                functools.partial(DiminishingMultiheadAttention, **dim_kwargs),
+            ),
+            (
+                [i for i in dim_layers if i in self.position_layers],
+                functools.partial(
+                    DiminishingPositionIndicatorAttention, max_distance=args.eki_max_distance, **dim_kwargs
+                ),
+            ),
+        ):
+            replace_cross_attention(self, layers, build)
 
     def extract_features(
         self,
@@ -271,6 +348,16 @@ class EKIDecoder(TransformerDecoderBase):
         return x, extra
 
 
+class EKICopyDecoder(CopyDecoderMixin, EKIDecoder):
+    """:class:`EKIDecoder` with the pointer-generator output (``--copy``): the copy attention is
+    the (position-indicator, maybe diminishing) cross-attention of ``--copy-layer``, over the
+    whole source ``concepts <sep> prototype``; ``<sep>`` and ``<mask>`` are never copied."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, args):
+        super().__init__(cfg, dictionary, embed_tokens, args)
+        self.add_copy_head(cfg, dictionary, args.copy_layer, args.copy_heads, uncopyable_symbols=EKI_UNCOPYABLE)
+
+
 class EKIMixin:
     """Shared by the transformer and BART variants: build EKI encoder/decoder, start the new
     parameters at their EKI initialization, load pretrained checkpoints that lack them."""
@@ -299,9 +386,25 @@ class EKIMixin:
         return EKIEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, args)
 
     @classmethod
+    def build_embedding(cls, args, dictionary, embed_dim, path=None):
+        emb = super().build_embedding(args, dictionary, embed_dim, path)
+        return tie_placeholders(emb, dictionary) if getattr(args, "copy", False) else emb
+
+    @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         eki_defaults(args)
-        return EKIDecoder(TransformerConfig.from_namespace(args), tgt_dict, embed_tokens, args)
+        cfg = TransformerConfig.from_namespace(args)
+        if not getattr(args, "copy", False):
+            if getattr(args, "dimattn_type", None):
+                dimattn_defaults(args)
+            return EKIDecoder(cfg, tgt_dict, embed_tokens, args)
+        copy_defaults(args)
+        if getattr(args, "dimattn_type", None):
+            n = cfg.decoder.layers
+            if not -n <= args.copy_layer < n:
+                raise ValueError(f"--copy-layer {args.copy_layer} out of range for {n} decoder layers")
+            dimattn_at_copy_layer(args, args.copy_layer % n)
+        return EKICopyDecoder(cfg, tgt_dict, embed_tokens, args)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, src_group=None, src_distance=None, **kwargs):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, src_group=src_group, src_distance=src_distance)
@@ -327,6 +430,8 @@ class EKITransformerModel(EKIMixin, TransformerModel):
     def add_args(parser):
         TransformerModel.add_args(parser)
         add_eki_args(parser)
+        add_copy_args(parser, switch=True)
+        add_dimattn_args(parser)
 
 
 @register_model("eki_bart")
@@ -337,6 +442,8 @@ class EKIBARTModel(EKIMixin, BARTModel):
     def add_args(parser):
         BARTModel.add_args(parser)
         add_eki_args(parser)
+        add_copy_args(parser, switch=True)
+        add_dimattn_args(parser)
 
     def forward(
         self,

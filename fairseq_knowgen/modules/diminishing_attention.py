@@ -46,7 +46,7 @@ step costs the same however many steps came before.
 """
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -237,8 +237,13 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
         attn_mask: Optional[Tensor] = None,
         before_softmax: bool = False,
         need_head_weights: bool = False,
+        key_offset: Optional[Callable[[int], Tensor]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """query: ``T x B x C``; key/value: ``S x B x C`` (None once cached).
+
+        ``key_offset``: added to the projected keys before they are cached (see
+        :meth:`~fairseq_knowgen.modules.cross_attention.ReweightedCrossAttention.masked_logits_and_values`);
+        EKI's position indicator (E_D, Eq. 9 of the EKI paper) passes it when a layer has both.
 
         Returns the attention output ``T x B x C`` and, with ``need_weights``, the
         diminishing weights ``B x T x S`` (``H x B x T x S`` with ``need_head_weights``).
@@ -247,7 +252,9 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
             raise ValueError("diminishing attention is encoder-decoder attention: no attn_mask")
         tgt_len, bsz, _ = query.size()
         # the parent projects q, k, v, reads/writes the cached keys and values, masks padding
-        logits, v = self.masked_logits_and_values(query, key, value, key_padding_mask, incremental_state)
+        logits, v = self.masked_logits_and_values(
+            query, key, value, key_padding_mask, incremental_state, key_offset=key_offset
+        )
         probs = F.softmax(logits.float(), dim=-1)
         if incremental_state is None:
             probs = probs.nan_to_num(0.0)  # rows whose whole source is padding

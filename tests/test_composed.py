@@ -75,13 +75,17 @@ def encode(model, net):
 # --- incremental decoding == full decoding, with a beam reorder in the middle
 
 
+REORDER_AT = 3
+
+
 @pytest.mark.parametrize("name", sorted(COMBOS))
 def test_incremental_with_reorder_equals_full(request, name):
-    """Step by step with fairseq's incremental state and a beam reorder after step 2 equals
+    """Step by step with fairseq's incremental state and a beam reorder after step 3 equals
     the full teacher-forced decoding (the mixture log P, p_gen and the copy attention).
 
     Beam-shaped batch: each source twice (two hypotheses), with different target prefixes,
-    swapped within each pair after step 2, as beam search reorders (fairseq keeps the
+    swapped within each pair after step 3 (EKI's targets all start ``</s> the``: the
+    hypotheses must differ before the reorder), as beam search reorders (fairseq keeps the
     cross-attention keys per sentence; the coverage, running max and E_D lookups are per
     hypothesis and must move)."""
     task, model, _ = build(request, name)
@@ -103,17 +107,17 @@ def test_incremental_with_reorder_equals_full(request, name):
         full, extra = model.decoder(prev, encoder_out=enc)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            if t == 2:
+            if t == REORDER_AT:
                 model.decoder.reorder_incremental_state_scripting(state, order)
                 enc = model.encoder.reorder_encoder_out(enc, order)
-            rows = order if t >= 2 else torch.arange(2 * bsz)
+            rows = order if t >= REORDER_AT else torch.arange(2 * bsz)
             steps.append(model.decoder(prev[rows, : t + 1], encoder_out=enc, incremental_state=state))
 
-    def decoded(x):  # what the steps decoded: rows as they were before step 2, reordered after
-        return torch.cat([x[:, :2], x[order, 2:]], 1)
+    def decoded(x):  # what the steps decoded: rows as they were before the reorder, reordered after
+        return torch.cat([x[:, :REORDER_AT], x[order, REORDER_AT:]], 1)
 
     real = decoded(prev.ne(task.target_dictionary.pad()))
-    assert real[:, 2:].any()
+    assert real[:, REORDER_AT:].any()
     torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], decoded(full)[real], atol=1e-5, rtol=1e-5)
     if "p_gen" in extra:
         for key in ("p_gen", "copy_attn"):

@@ -150,6 +150,22 @@ ARCHS = {
             "eki_label_smoothed_cross_entropy",
         ],
     ),
+    "eki_copy_dimattn": (
+        "eki_bin",
+        [
+            "--task",
+            "eki_generation",
+            "--arch",
+            "eki_transformer",
+            "--eki-scaling-dim",
+            "8",
+            "--copy",
+            "--dimattn-type",
+            "dydim",
+            "--criterion",
+            "eki_force_copy",
+        ],
+    ),
 }
 
 

@@ -32,6 +32,29 @@ CONFIGS = [
         ["--eki-group-embeddings", "0", "--eki-position-indicator", "0", "--eki-scaling-dim", "8"],
         "eki_label_smoothed_cross_entropy",
     ),
+    # composed by flags (tests/test_composed.py)
+    ("eki_bin", "eki_generation", "eki_transformer", ["--eki-scaling-dim", "8", "--copy"], "eki_force_copy"),
+    (
+        "eki_bin",
+        "eki_generation",
+        "eki_transformer",
+        ["--eki-scaling-dim", "8", "--dimattn-type", "dydim"],
+        "eki_label_smoothed_cross_entropy",
+    ),
+    (
+        "eki_bin",
+        "eki_generation",
+        "eki_transformer",
+        ["--eki-scaling-dim", "8", "--copy", "--copy-layer", "0", "--dimattn-type", "dim", "--copy-heads", "1"],
+        "eki_force_copy",
+    ),
+    (
+        "tiny_bin",
+        "translation",
+        "copy_transformer",
+        ["--dimattn-type", "dydim", "--dimattn-layers", "all"],
+        "force_copy",
+    ),
 ]
 
 

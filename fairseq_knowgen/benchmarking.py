@@ -18,7 +18,15 @@ and extra arguments it needs, so ``--arch NAME`` alone is enough. A profile may 
 - ``baseline``: the model the ratios are against (default: fairseq's ``transformer`` on the same
   data); an encoder-only arch compares with itself without the feature under test, a language
   model with a plain ``transformer_lm``;
-- ``generate``: ``False`` for models without a decoder (only the training ratio is reported).
+- ``generate``: ``False`` for models without a decoder (only the training ratio is reported);
+- ``data_extra``: ``"module:function"``, a function ``(data_dir)`` returning more arguments for that
+  model read from the data it trains on (fairseq's ``transformer_pointer_generator`` needs the
+  number of ``<unk-N>`` markers that end the dictionary: ``--source-position-markers K``).
+
+``--against NAME`` (``scripts/benchmark.py``) measures against another profiled arch instead of the
+profile's baseline, on the arch's data: ``--arch copy_transformer_small --against
+transformer_pointer_generator`` compares our copy model with fairseq's own pointer-generator (its
+peer), both at the same size and on the same data.
 """
 
 import json
@@ -28,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 BASELINE = "transformer"
 
@@ -40,6 +48,15 @@ PROFILES: Dict[str, Dict] = {
     "bart_dimattn_large": {"task": "translation", "criterion": "label_smoothed_cross_entropy", "extra": []},
     "copy_transformer": {"task": "translation", "criterion": "force_copy", "extra": []},
     "copy_transformer_small": {"task": "translation", "criterion": "force_copy", "extra": []},
+    # fairseq's own pointer-generator (fairseq_knowgen.models.fairseq_pointer_generator), the copy models' peer:
+    # p_gen unsupervised, fairseq's criterion; its --source-position-markers from the data's dictionary, and its
+    # decoder output tied to its input embedding (untied, it fails its own assertion on data with markers)
+    "transformer_pointer_generator": {
+        "task": "translation",
+        "criterion": "label_smoothed_cross_entropy",
+        "extra": ["--share-decoder-input-output-embed"],
+        "data_extra": "fairseq_knowgen.prep.position_markers:model_args",
+    },
     "eki_transformer": {
         "task": "eki_generation",
         "criterion": "eki_label_smoothed_cross_entropy",
@@ -111,9 +128,20 @@ BASELINE_PROFILE = {
 SIDES = {"seq2seq": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",), "none": ()}
 
 
-def baseline_profile(arch: str) -> Dict:
-    """The profile the ratios of ``arch`` are measured against."""
+def baseline_profile(arch: str, against: Optional[str] = None) -> Dict:
+    """The profile the ratios of ``arch`` are measured against: ``against``'s (another profiled
+    arch) when given, else the one ``arch``'s profile names."""
+    if against is not None:
+        return {"arch": against, **PROFILES[against]}
     return PROFILES[arch].get("baseline", BASELINE_PROFILE)
+
+
+def _function(spec: str):
+    """The function a profile names as ``"module:function"``."""
+    import importlib
+
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)
 
 
 def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4, sizes: str = "seq2seq") -> List[str]:
@@ -129,10 +157,7 @@ def make_data(kind: str, workdir: str, n_train: int, n_valid: int):
     """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry."""
     if ":" not in kind:
         return make_synthetic_data(workdir, n_train, n_valid, kind), {}
-    import importlib
-
-    module, func = kind.split(":")
-    out = getattr(importlib.import_module(module), func)(workdir, n_train, n_valid)
+    out = _function(kind)(workdir, n_train, n_valid)
     return out if isinstance(out, tuple) else (out, {})
 
 
@@ -187,9 +212,11 @@ def worker(
     beam: int,
     gen_len: int = 20,
     baseline: bool = False,
+    against: Optional[str] = None,
 ) -> Dict:
-    """Train ``arch`` (its profile's baseline when ``baseline``) ``updates`` steps and decode
-    ``gen_sents`` valid sentences (unless the profile says ``generate: False``); return timings.
+    """Train ``arch`` (when ``baseline``: the model of :func:`baseline_profile` of ``arch`` and
+    ``against``) ``updates`` steps and decode ``gen_sents`` valid sentences (unless the profile
+    says ``generate: False``); return timings.
     Training goes through ``task.train_step``, so tasks that update more than one module per
     step (a discriminator) are timed whole."""
     import torch
@@ -200,7 +227,9 @@ def worker(
 
     import fairseq_knowgen  # noqa: F401
 
-    prof = baseline_profile(arch) if baseline else PROFILES[arch]
+    prof = baseline_profile(arch, against) if baseline else PROFILES[arch]
+    if "data_extra" in prof:
+        model_args = _function(prof["data_extra"])(data) + list(model_args)
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
@@ -316,6 +345,8 @@ def run_worker_process(script: str, baseline: bool, opts) -> Dict:
         cmd += ["--data-args", json.dumps(opts.data_args)]
     if baseline:
         cmd += ["--baseline"]
+    if getattr(opts, "against", None):
+        cmd += ["--against", opts.against]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -356,7 +387,7 @@ def compare(script: str, opts) -> Dict:
     b_wps, b_sps, b_rss = rates(runs["base"])
     return {
         "arch": opts.arch,
-        "baseline": baseline_profile(opts.arch).get("arch", BASELINE),
+        "baseline": baseline_profile(opts.arch, getattr(opts, "against", None)).get("arch", BASELINE),
         "train_wps_ratio": round(a_wps / b_wps, 4),
         "generate_sents_per_s_ratio": round(a_sps / b_sps, 4) if a_sps and b_sps else None,
         "peak_rss_mb": round(a_rss, 1),

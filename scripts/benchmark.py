@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Train and decode ``--arch`` and fairseq's ``transformer`` of the same size, interleaved,
-and print one final JSON line of ratios (arch / baseline; 1.0 is parity, higher is faster)::
+"""Train and decode ``--arch`` and fairseq's ``transformer`` of the same size (or ``--against``
+another profiled arch), interleaved, and print one final JSON line of ratios (arch / baseline;
+1.0 is parity, higher is faster)::
 
     python scripts/benchmark.py --arch transformer_dimattn            # ~4 minutes
     python scripts/benchmark.py --arch transformer_dimattn --quick    # < 60 s on 2 cores
     python scripts/benchmark.py --arch transformer_dimattn --data data-bin/webnlg
+    python scripts/benchmark.py --arch copy_transformer_small --against transformer_pointer_generator --quick
 
 Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
 fairseq data directory with ``train`` and ``valid`` splits. One thread per process.
@@ -25,6 +27,12 @@ from fairseq_knowgen import benchmarking  # noqa: E402
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", required=True, choices=sorted(benchmarking.PROFILES))
+    p.add_argument(
+        "--against",
+        choices=sorted(benchmarking.PROFILES),
+        help="measure against this profiled arch (same sizes, the arch's data) instead of the profile's baseline, "
+        "e.g. --arch copy_transformer_small --against transformer_pointer_generator (fairseq's own copy model)",
+    )
     p.add_argument("--quick", action="store_true", help="small workload: under a minute on 2 cores")
     p.add_argument("--data", help="binarized data directory (default: synthetic)")
     p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers (both models)")
@@ -54,7 +62,11 @@ def main():
     opts.rounds = opts.rounds or (2 if opts.quick else 4)
     opts.data_args = json.loads(opts.data_args)
     if opts.worker:
-        prof = benchmarking.baseline_profile(opts.arch) if opts.baseline else benchmarking.PROFILES[opts.arch]
+        prof = (
+            benchmarking.baseline_profile(opts.arch, opts.against)
+            if opts.baseline
+            else benchmarking.PROFILES[opts.arch]
+        )
         model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
         model_args += opts.data_args.get("baseline" if opts.baseline else "arch", [])
         if not opts.baseline:
@@ -69,6 +81,7 @@ def main():
             opts.beam,
             opts.gen_len,
             opts.baseline,
+            opts.against,
         )
         print(json.dumps(res))
         return

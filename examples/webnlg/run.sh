@@ -36,6 +36,11 @@
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh
 #       NAME=copy-force ARCH=copy_transformer_small CRITERION=force_copy \
 #           CRITERION_ARGS="--copy-supervision force" STAGE=4 bash examples/webnlg/run.sh
+#       NAME=fairseq-pg ARCH=transformer_pointer_generator STAGE=4 bash examples/webnlg/run.sh
+#           (fairseq's own pointer-generator, the copy model's peer: p_gen unsupervised, the default criterion;
+#           stage 4 adds --source-position-markers K, the number of <unk-N> that end the dictionary, from
+#           python -m fairseq_knowgen.prep.position_markers; pointing defaults: --alignment-layer -1
+#           --alignment-heads 1, other values through ARCH_ARGS)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DATA=$(realpath -m "${1:-$ROOT/../shared/data/webnlg}")
@@ -100,6 +105,10 @@ if stage 3; then
   stage_constraints entities "$DATA_BIN" src $(eval_splits)  # every source entity, as encoded (CONSTRAINTS=1)
 fi
 if stage 4; then
+  # fairseq's pointer-generator maps the last K dictionary entries (our <unk-N>) to <unk>: K from the dictionary
+  if [[ "$ARCH" == transformer_pointer_generator* ]]; then
+    ARCH_ARGS="$($PY -m fairseq_knowgen.prep.position_markers "$DATA_BIN") $ARCH_ARGS"
+  fi
   echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
   stage_train
 fi

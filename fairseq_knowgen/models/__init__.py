@@ -3,3 +3,4 @@
 from . import copy_transformer, dimattn, eki  # noqa: F401
 from . import kbert  # noqa: F401  (K-BERT)
 from . import cocon  # noqa: F401  (CoCon)
+from . import fairseq_pointer_generator  # noqa: F401  (fairseq's transformer_pointer_generator, the copy peer)

@@ -16,6 +16,12 @@ padding are left out of L_E and of ``acc_e``: they are no tokens of C or O (Eq. 
 labels are trivial (every target ends in ``</s>``, none holds ``<sep>``) and would only
 inflate the accuracy.
 
+With the copy head (``--arch eki_* --copy``) use ``eki_force_copy`` (in
+:mod:`~fairseq_knowgen.criterions.force_copy`): the force-copy losses in place of L_D, plus
+lambda * L_E from this module's :func:`eki_token_loss`. (This criterion on such a model
+label-smooths the copy mixture; with ``<unk-N>`` placeholders in the dictionary that
+mixture has zeros, and the smoothing term is infinite.)
+
 ``--eki-lambda`` is lambda; L_E is logged per labelled source token (``loss_e``, in bits like
 fairseq's losses) with the label accuracy of Mean(Lambda) > 0.5 (``acc_e``). A model
 without the scaling module gives no Lambda, and then L_E is 0.

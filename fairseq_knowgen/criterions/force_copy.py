@@ -32,6 +32,11 @@ Eq. 10 is floored at float32's smallest normal number (~1e-38). Each term is wei
 flag and logged on its own, with the share of copy steps (copy label 1) and the mean p_gen.
 ``nll_loss`` is always -log P(w*_t) of the mixture, so the modes can be compared on the
 distribution used for decoding.
+
+``eki_force_copy`` (:class:`EKIForceCopyCriterion`) is this loss plus EKI's lambda * L_E
+(EKI Eq. 6 and 10, ``--eki-lambda``, ``--eki-concept-label``), for ``--arch eki_* --copy``.
+Which source positions count as copyable ("w*_t in X") is the model's own mask when its
+output gives one (``copyable``: EKI's also leaves out ``<sep>``), so model and loss agree.
 """
 
 from dataclasses import dataclass, field

@@ -23,6 +23,11 @@ anything across examples.
 With ``--dimattn-type`` (and the other ``--dimattn-*`` flags) the cross-attention of the
 copy layer (and any layer named by ``--dimattn-layers``) becomes diminishing attention,
 and the copy distribution uses the diminishing weights.
+
+The copy head is :class:`CopyDecoderMixin` on fairseq's decoder (:class:`CopyTransformerDecoder`);
+the EKI models put the same mixin on their decoder with ``--copy`` (see
+:mod:`fairseq_knowgen.models.eki`), so both share the flags (:func:`add_copy_args`), the
+defaults and the masks defined here.
 """
 
 import os

@@ -13,6 +13,11 @@ Architectures (``--arch``):
           --restore-file bart.large/model.pt --reset-optimizer --reset-dataloader \\
           --reset-meters --reset-lr-scheduler ...
 
+The same ``--dimattn-*`` flags (off unless ``--dimattn-type`` is given) compose diminishing
+attention with the other models: ``copy_transformer`` (default layer: the copy layer) and
+``eki_*`` (combined with the position indicator where a layer has both; see
+:mod:`fairseq_knowgen.models.eki`). They share :func:`diminishing_attention_kwargs`.
+
 The equations are in :mod:`fairseq_knowgen.modules.diminishing_attention`.
 """
 

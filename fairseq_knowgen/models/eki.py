@@ -13,6 +13,28 @@ Each part is its own module and its own switch, for ablations:
   ``--eki-position-layers`` (default all; Eq. 7-9,
   :mod:`~fairseq_knowgen.modules.position_indicator`).
 
+The other two methods of this package compose with EKI by flags (all off by default; with
+them off the model is parameter for parameter the plain EKI one, and its checkpoints load):
+
+- ``--copy``: the pointer-generator copy head of ``copy_transformer`` (force-copy paper,
+  Eq. 5-6; :class:`~fairseq_knowgen.models.copy_transformer.CopyDecoderMixin`) over the whole
+  source ``concepts <sep> prototype``, with ``--copy-layer`` / ``--copy-heads``. Its only
+  parameters are the switch of Eq. 5 (``decoder.copy_generator.switch``); ``<sep>`` and
+  BART's ``<mask>`` are never copied (nor pad/EOS/BOS/``<unk>``), concept and prototype
+  tokens are. The copy attention is the copy layer's cross-attention, with E_D in its keys
+  when that layer has the position indicator. Train with ``--criterion eki_force_copy``
+  (the ``force_copy`` loss + lambda * L_E);
+- ``--dimattn-type dim|dydim`` (and the other ``--dimattn-*`` flags): diminishing attention
+  (Sim et al., Eq. 4-5) in the cross-attention of the layers ``--dimattn-layers`` (default
+  the last, or the copy layer with ``--copy``). A layer with the position indicator as well
+  gets :class:`DiminishingPositionIndicatorAttention`: Eq. 9's logits, diminishing weights.
+  No new parameters.
+
+For example, all three on the CommonGen EKI data of ``examples/commongen``::
+
+    fairseq-train DATA --user-dir fairseq_knowgen --task eki_generation --arch eki_transformer \\
+        --copy --dimattn-type dydim --criterion eki_force_copy --copy-supervision force --eki-lambda 1.0 ...
+
 A switched-off part creates no parameters (no rank waits for a gradient under DDP). Use
 them with ``--task eki_generation`` on data binarized with one dictionary for source and target
 (``fairseq-preprocess --joined-dictionary``; separate dictionaries are refused at build time).

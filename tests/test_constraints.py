@@ -317,3 +317,21 @@ def test_at_most_once_matching_nothing_is_an_error(trained, capsys):
             "--gen-subset", "test", "--at-most-once", "<nothing-\\d+>",
         )  # fmt: skip
     assert e.value.code == 2 and "matches no target symbol" in capsys.readouterr().err
+
+
+def test_constraints_unmet_at_the_length_limit_end_there_instead_of_failing(trained, tiny_raw, caplog):
+    """Two constraints 'Lisbon' (it must appear twice) under ``--at-most-once Lisbon`` can never be
+    met (fairseq's banks still force the blocked second 'Lisbon', at score -inf, and a -inf EOS is
+    never finalized): fairseq's search failed ``AssertionError: N < N`` (seen on WebNLG dev); the
+    length-safe search ends such inputs' best hypotheses at the limit, every input keeps
+    hypotheses, none breaks the rule, and the count is logged."""
+    data, checkpoint = trained("transformer")
+    n = len((tiny_raw / "test.src").read_text().splitlines())
+    (data / "test.twice").write_text("Lisbon\tLisbon\n" * n)
+    args = [data, *DECODE, "--task", "translation_constrained", "--path", checkpoint, "--gen-subset", "test"]
+    args += ["--constraints", "unordered", "--constraints-from", "twice", "--at-most-once", "Lisbon"]
+    with caplog.at_level("WARNING"):
+        hyps = hypotheses(in_process("generate", *args))
+    assert sorted(hyps) == list(range(n))
+    assert all(h.split().count("Lisbon") <= 1 for hs in hyps.values() for h in hs)  # the rule still holds
+    assert any("had no hypothesis meeting its constraints at the length limit" in r.message for r in caplog.records)

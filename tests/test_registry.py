@@ -30,6 +30,7 @@ OUR_CRITERIONS = {
     "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
     "kbert_tagging": "KBertTaggingCriterion",
     "cocon": "CoConCriterion",
+    "eki_force_copy": "EKIForceCopyCriterion",
 }
 OUR_TASKS = {"eki_generation": "EKIGenerationTask", "translation_constrained": "TranslationConstrainedTask"}
 OUR_TASKS.update({"kbert_classification": "KBertClassificationTask", "kbert_tagging": "KBertTaggingTask"})

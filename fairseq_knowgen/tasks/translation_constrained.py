@@ -18,9 +18,15 @@ extends this task, so it has the same flags.
 
 ``--at-most-once REGEX`` (a decoding rule, :mod:`fairseq_knowgen.modules.at_most_once`) lets each
 target symbol that matches REGEX appear at most once per hypothesis: ``--at-most-once '<ent-\\d+>'``
-keeps a WebNLG output from naming an entity twice. Combined with ``--constraints``, fairseq's
-constrained search stopped at the length limit (``AssertionError: 200 < 200``) on some WebNLG dev
-inputs (not yet understood), so the WebNLG recipe uses the rule only without constraints.
+keeps a WebNLG output from naming an entity twice.
+
+With ``--constraints`` the search is
+:class:`~fairseq_knowgen.modules.length_safe_search.LengthSafeConstrainedBeamSearch`: fairseq's
+lexically constrained beam search, except that a hypothesis still missing a constraint at the length
+limit ends there (logged) instead of stopping the run with ``AssertionError: 200 < 200`` (fairseq
+forbids it EOS, and at the limit EOS is all that is left). That happened with a decoding rule that
+blocks a constraint's token (``--at-most-once`` on WebNLG dev) and with models that loop on subword
+pieces (CommonGen EKI).
 
 Decoding needs room: a hypothesis can only end once it holds every constraint, and fairseq's
 search stops with ``AssertionError: N < N`` when the length limit comes first, so
@@ -34,11 +40,13 @@ from typing import Optional
 
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
+from fairseq.search import LexicallyConstrainedBeamSearch
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..data.constraints import UNK_CHOICES, attach_constraints, constraints_path, token_counts
 from ..modules.at_most_once import AtMostOnceBlock, token_ids_matching
+from ..modules.length_safe_search import LengthSafeConstrainedBeamSearch
 from ..textio import DataError
 
 CONSTRAINTS_UNK = ChoiceEnum(list(UNK_CHOICES))
@@ -107,6 +115,8 @@ class TranslationConstrainedTask(TranslationTask):
                 print(f"error: --at-most-once {self.cfg.at_most_once!r} matches no target symbol", file=sys.stderr)
                 sys.exit(2)
             generator.repeat_ngram_blocker = AtMostOnceBlock(ids, generator.repeat_ngram_blocker)
+        if isinstance(getattr(generator, "search", None), LexicallyConstrainedBeamSearch):
+            generator.search = LengthSafeConstrainedBeamSearch(self.target_dictionary, args.constraints)
         return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):

@@ -27,6 +27,15 @@ and extra arguments it needs, so ``--arch NAME`` alone is enough. A profile may 
 profile's baseline, on the arch's data: ``--arch copy_transformer_small --against
 transformer_pointer_generator`` compares our copy model with fairseq's own pointer-generator (its
 peer), both at the same size and on the same data.
+
+A profile's key is the ``--arch`` name of the benchmark; the fairseq architecture it trains is its
+``arch`` entry when it has one (default: the key). The methods composed by flags
+(:mod:`fairseq_knowgen.models.eki`: ``--copy``, ``--dimattn-*``; ``copy_transformer --dimattn-*``)
+have keys ``BASE+METHOD[+METHOD]``, BASE the profile they extend, METHOD one of :data:`COMPOSED_FLAGS`
+(``copy``: the copy head, trained with the ``*force_copy`` criterion; ``dimattn``: diminishing
+attention, DyDimAttn). Their baseline is BASE, the same model with those flags off on the same data,
+so the ratios are the composition's cost (``eki_transformer+copy+dimattn`` vs ``eki_transformer``,
+``copy_transformer_small+dimattn`` vs ``copy_transformer_small``); ``--against`` still overrides it.
 """
 
 import json
@@ -118,6 +127,34 @@ PROFILES: Dict[str, Dict] = {
         },
     },
 }
+# the flags that switch a method on in a model that composes it (see the module docstring)
+COMPOSED_FLAGS: Dict[str, List[str]] = {"copy": ["--copy"], "dimattn": ["--dimattn-type", "dydim"]}
+# with the copy head, a criterion that reads it: the force-copy loss (EKI's adds lambda L_E)
+COPY_CRITERION = {"eki_label_smoothed_cross_entropy": "eki_force_copy"}
+
+
+def composed_profile(base: str, *methods: str) -> Dict:
+    """The profile of ``base`` with ``methods`` (keys of :data:`COMPOSED_FLAGS`) switched on by
+    their flags, measured against ``base`` (same data, same sizes, flags off)."""
+    prof = {k: v for k, v in PROFILES[base].items() if k != "baseline"}
+    prof["arch"] = prof.get("arch", base)
+    for m in methods:
+        prof["extra"] = [*prof["extra"], *COMPOSED_FLAGS[m]]
+        if m == "copy":
+            prof["criterion"] = COPY_CRITERION[prof["criterion"]]
+    prof["baseline"] = base
+    return prof
+
+
+COMPOSED = {
+    "eki_transformer+copy": ("eki_transformer", "copy"),
+    "eki_transformer+dimattn": ("eki_transformer", "dimattn"),
+    "eki_transformer+copy+dimattn": ("eki_transformer", "copy", "dimattn"),
+    # copy_transformer_small has its copy head already
+    "copy_transformer_small+dimattn": ("copy_transformer_small", "dimattn"),
+}
+PROFILES.update({name: composed_profile(*parts) for name, parts in COMPOSED.items()})
+
 # the default baseline trains on the same data as the arch (for EKI: the concatenated inputs)
 BASELINE_PROFILE = {
     "arch": BASELINE,
@@ -128,12 +165,25 @@ BASELINE_PROFILE = {
 SIDES = {"seq2seq": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",), "none": ()}
 
 
+def profile(name: str) -> Dict:
+    """``PROFILES[name]`` with its fairseq ``arch`` (default ``name``) and its ``name``."""
+    return {"arch": name, **PROFILES[name], "name": name}
+
+
 def baseline_profile(arch: str, against: Optional[str] = None) -> Dict:
     """The profile the ratios of ``arch`` are measured against: ``against``'s (another profiled
-    arch) when given, else the one ``arch``'s profile names."""
+    arch) when given, else the one ``arch``'s profile names (a profile, or a profile's key)."""
     if against is not None:
-        return {"arch": against, **PROFILES[against]}
-    return PROFILES[arch].get("baseline", BASELINE_PROFILE)
+        return profile(against)
+    base = PROFILES[arch].get("baseline", BASELINE_PROFILE)
+    return profile(base) if isinstance(base, str) else base
+
+
+def describe(name: str) -> str:
+    """One line of ``--help`` for a composed profile: its model, flags, criterion and baseline."""
+    base, *methods = COMPOSED[name]
+    prof, flags = PROFILES[name], " ".join(f for m in methods for f in COMPOSED_FLAGS[m])
+    return f"{name} = --arch {prof['arch']} {flags} --criterion {prof['criterion']} (vs {base})"
 
 
 def _function(spec: str):
@@ -202,6 +252,41 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "t
     return out
 
 
+def build(prof: Dict, data: str, model_args: List[str], max_tokens: int = 2048):
+    """``(task, model, criterion)`` of profile ``prof`` (:func:`profile`, :func:`baseline_profile`)
+    on ``data`` (train and valid loaded), with ``model_args`` after the profile's own arguments."""
+    from fairseq import options, tasks
+
+    import fairseq_knowgen  # noqa: F401
+
+    if "data_extra" in prof:
+        model_args = _function(prof["data_extra"])(data) + list(model_args)
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data,
+            "--task",
+            prof["task"],
+            "--arch",
+            prof["arch"],
+            "--criterion",
+            prof["criterion"],
+            "--cpu",
+            "--seed",
+            "1",
+            "--max-tokens",
+            str(max_tokens),
+            *prof["extra"],
+            *model_args,
+        ],
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    return task, task.build_model(args), task.build_criterion(args)
+
+
 def worker(
     arch: str,
     data: str,
@@ -222,38 +307,10 @@ def worker(
     import torch
 
     torch.set_num_threads(1)
-    from fairseq import options, tasks
     from fairseq.dataclass.configs import GenerationConfig
 
-    import fairseq_knowgen  # noqa: F401
-
-    prof = baseline_profile(arch, against) if baseline else PROFILES[arch]
-    if "data_extra" in prof:
-        model_args = _function(prof["data_extra"])(data) + list(model_args)
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            data,
-            "--task",
-            prof["task"],
-            "--arch",
-            prof.get("arch", arch),
-            "--criterion",
-            prof["criterion"],
-            "--cpu",
-            "--seed",
-            "1",
-            "--max-tokens",
-            str(max_tokens),
-            *prof["extra"],
-            *model_args,
-        ],
-    )
-    task = tasks.setup_task(args)
-    task.load_dataset("train")
-    task.load_dataset("valid")
-    model, criterion = task.build_model(args), task.build_criterion(args)
+    prof = baseline_profile(arch, against) if baseline else profile(arch)
+    task, model, criterion = build(prof, data, model_args, max_tokens)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
     class Backward:  # the one optimizer method task.train_step calls
@@ -280,7 +337,8 @@ def worker(
         words += step(batches[(i + 3) % len(batches)], i + 3)
     train_s = time.perf_counter() - t0
     result = {
-        "arch": prof.get("arch", arch),
+        "arch": prof["arch"],
+        "profile": prof.get("name", prof["arch"]),
         "train_words": words,
         "train_s": train_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -383,11 +441,12 @@ def compare(script: str, opts) -> Dict:
             max(r["peak_rss_mb"] for r in rs),
         )
 
+    base = baseline_profile(opts.arch, getattr(opts, "against", None))
     a_wps, a_sps, a_rss = rates(runs["arch"])
     b_wps, b_sps, b_rss = rates(runs["base"])
     return {
         "arch": opts.arch,
-        "baseline": baseline_profile(opts.arch, getattr(opts, "against", None)).get("arch", BASELINE),
+        "baseline": base.get("name", base.get("arch", BASELINE)),
         "train_wps_ratio": round(a_wps / b_wps, 4),
         "generate_sents_per_s_ratio": round(a_sps / b_sps, 4) if a_sps and b_sps else None,
         "peak_rss_mb": round(a_rss, 1),

@@ -7,6 +7,10 @@ another profiled arch), interleaved, and print one final JSON line of ratios (ar
     python scripts/benchmark.py --arch transformer_dimattn --quick    # < 60 s on 2 cores
     python scripts/benchmark.py --arch transformer_dimattn --data data-bin/webnlg
     python scripts/benchmark.py --arch copy_transformer_small --against transformer_pointer_generator --quick
+    python scripts/benchmark.py --arch eki_transformer+copy+dimattn --quick   # vs eki_transformer
+
+``--arch BASE+METHOD[+METHOD]`` measures a composed configuration (the methods switched on by
+flags, see ``fairseq_knowgen.benchmarking``) against BASE, the same model with them off.
 
 Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
 fairseq data directory with ``train`` and ``valid`` splits. One thread per process.
@@ -26,7 +30,13 @@ from fairseq_knowgen import benchmarking  # noqa: E402
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", required=True, choices=sorted(benchmarking.PROFILES))
+    composed = "; ".join(benchmarking.describe(name) for name in benchmarking.COMPOSED)
+    p.add_argument(
+        "--arch",
+        required=True,
+        choices=sorted(benchmarking.PROFILES),
+        help=f"profile to measure (its own baseline unless --against); composed configurations: {composed}",
+    )
     p.add_argument(
         "--against",
         choices=sorted(benchmarking.PROFILES),
@@ -63,9 +73,7 @@ def main():
     opts.data_args = json.loads(opts.data_args)
     if opts.worker:
         prof = (
-            benchmarking.baseline_profile(opts.arch, opts.against)
-            if opts.baseline
-            else benchmarking.PROFILES[opts.arch]
+            benchmarking.baseline_profile(opts.arch, opts.against) if opts.baseline else benchmarking.profile(opts.arch)
         )
         model_args = benchmarking.size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
         model_args += opts.data_args.get("baseline" if opts.baseline else "arch", [])

@@ -363,6 +363,52 @@ def test_soft_generation_equals_a_full_recomputation(cocon_data):
     assert torch.allclose(ys, want, atol=1e-5)
 
 
+def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_data, monkeypatch):
+    """Section 3.1, Cycle Reconstruction Loss: q^1 = f(p', c = q) from the *other* sentence's prefix p'
+    and this sentence's q; then q^2 = f(p, c = q^1) is scored against q. Assembled row by row (each row
+    alone, so no batching is shared with the criterion), with x' of row b = row b - 1."""
+    import fairseq_knowgen.criterions.cocon as cc
+
+    torch.manual_seed(0)  # the block's start
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_cycle_steps=3)
+    batch = first_batch(task)
+    dec = model.decoder
+    with torch.no_grad():  # outputs that depend strongly on the content (an untrained LM and block barely do)
+        for lin in (dec.block.attn.q_proj, dec.block.attn.k_proj, dec.block.attn.v_proj, dec.block.attn.out_proj):
+            lin.weight.mul_(4.0)
+        dec.lm.output_projection.weight.mul_(5.0)
+    target, prev = batch["target"][:4], batch["net_input"]["prev_output_tokens"][:4]
+    n_words = target.ne(1).sum(1) - 1
+    tc = 2
+    assert int(n_words.min()) > tc
+    monkeypatch.setattr(cc, "sample_splits", lambda *a, **k: torch.tensor([tc]))
+    sub = {"target": target, "net_input": {"prev_output_tokens": prev}}
+    with torch.no_grad():
+        h, pad = dec.lower(prev)
+        got, n = crit.cycle_loss(model, sub, h, pad, n_words)
+        want, count = 0.0, 0
+        emb = dec.lm.embed_tokens.weight
+        for b in range(4):
+            other = (b - 1) % 4
+            q = target[b : b + 1, tc : tc + min(int(n_words[b]) - tc, crit.max_content)]  # x^b of row b
+            q1 = crit.generate_soft(dec, prev[other : other + 1, : tc + 1], *dec.encode_content_tensor(q))
+            c1, _ = dec.encode_contents(None, q.device, soft=q1 @ emb)
+            hb, pb = dec.lower(prev[b : b + 1, : int(n_words[b]) + 1])  # row b unpadded: p then q
+            h2, _ = dec.block(hb, c1.transpose(0, 1))
+            lp = torch.log_softmax(dec.lm_logits(dec.upper(h2, None, pb)).double(), -1)[0]
+            for i in range(tc, int(n_words[b]) + 1):  # the positions predicting q (and </s>)
+                want -= float(lp[i, target[b, i]])
+                count += 1
+    assert int(n) == count
+    assert abs(float(got) - want) < 1e-5 * abs(want)
+    # pairing rows with themselves (x' = x) gives another loss: the pairing above is what was checked
+    monkeypatch.setattr(torch, "roll", lambda x, *a, **k: x)
+    with torch.no_grad():
+        same, _ = crit.cycle_loss(model, sub, h, pad, n_words)
+    assert abs(float(same) - want) > 1e-2 * abs(want)
+
+
 def test_losses_run_inside_one_model_forward(cocon_data):
     """torch's DDP (fairseq's pytorch_ddp) all-reduces the gradients of a forward it ran: every loss
     must be computed inside one call of the model's forward."""

@@ -1,7 +1,10 @@
 """``cocon``: the four self-supervised losses of CoCon (Chan et al., ICLR 2021, Section 3.1;
 ``shared/seeds/cocon.zh.txt``), each weighted by a flag and logged on its own::
 
-    L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv (+ w_disc L_disc)   (Eq. 16)
+    L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv (+ w_disc L_disc)
+
+(Section 3.1, "Full Training": "the four losses combined"). The seed text numbers equations up to
+Eq. 7 (Section 3) and displays none of Section 3.1, so the losses are cited by their paragraph.
 
 For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_1 .. x_n </s>``.
 
@@ -9,24 +12,32 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   a = ``--cocon-min-prefix`` (default 0: x^a may be empty, as when decoding from the start
   symbol) and m = ``--cocon-min-content``; x^a = x_1..x_t, x^b = x_{t+1}..x_n </s>. The content is
   c = x^b without ``</s>``, cut at ``--cocon-max-content`` tokens (its first ones).
-- **Self-reconstruction** (Eq. 9): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``; with
+- **Self-reconstruction** ("Self Reconstruction Loss": "c = x^b, and what is generated is x^b
+  itself"): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``; with
   ``--cocon-self-mask 1`` (default) the step predicting x^b_j does not see content position j
-  (its column gets -inf), so the block cannot just copy the token it is asked for.
-- **Null content** (Eq. 10): the same positions with c = nothing: the block attends over the causal
-  self part only (no content keys at all).
-- **Cycle reconstruction** (Eq. 11-13), from ``--cocon-cycle-start`` updates on: with one split t_c
-  for the batch (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the next sentence
-  of the batch, cyclically; on the batch's first ``--cocon-cycle-sentences`` sentences only, as its cost
-  grows with sentences x vocabulary), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
+  (its column gets -inf), so the block cannot just copy the token it is asked for (the paper's
+  "content masking", named in its introduction; the seed text gives no details). Content states
+  come from the LM run on c alone, causally, so later columns j' > j still carry c_j.
+- **Null content** ("Null Content Loss", c = null): the same positions with c = nothing: the block
+  attends over the causal self part only (no content keys at all).
+- **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', q), q^2 = f(p, q^1), q^2
+  trained towards q), from ``--cocon-cycle-start`` updates on: with one split t_c for the batch
+  (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the previous sentence of the
+  batch, cyclically: row b takes p' from row b - 1; on the batch's first ``--cocon-cycle-sentences``
+  sentences only, as its cost grows with sentences x vocabulary), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
   *soft* tokens: step s feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
   ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
   matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
   the content q^1 entering as the soft embeddings y E. Its gradient reaches the CoCon block
   through both passes (the frozen LM only passes it on).
-- **Adversarial** (Eq. 14-15), from ``--cocon-adv-start`` updates on: the discriminator
+- **Adversarial** ("Adversarial Loss": "make the generated text closer to real text"), from
+  ``--cocon-adv-start`` updates on: the discriminator
   (:mod:`~fairseq_knowgen.modules.cocon_discriminator`, in the model) tells the frozen LM's
   lower-layer states of the x^b positions ("real") from the CoCon block's states of the same
-  positions in the self-reconstruction pass ("fake"). ``L_disc`` (weight ``--cocon-disc-weight``)
+  positions in the self-reconstruction pass ("fake"; a choice of this implementation: the paper
+  has the discriminator judge *generated* text against real text, while here "fake" is the
+  block's output on the real, teacher-forced text, so L_adv keeps h' close to the LM's own states).
+  ``L_disc`` (weight ``--cocon-disc-weight``)
   reaches only the discriminator (detached states); ``L_adv`` (non-saturating, weight
   ``--cocon-adv-weight``) reaches only CoCon (discriminator run with detached parameters).
   Schedule: the discriminator is stepped by the same fairseq optimizer update as the block (same
@@ -56,13 +67,24 @@ SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
 
 @dataclass
 class CoConCriterionConfig(FairseqDataclass):
-    cocon_self_weight: float = field(default=1.0, metadata={"help": "weight of L_self (Eq. 9)"})
-    cocon_null_weight: float = field(default=1.0, metadata={"help": "weight of L_null (Eq. 10); 0 = ablation"})
-    cocon_cycle_weight: float = field(default=1.0, metadata={"help": "weight of L_cycle (Eq. 13); 0 = ablation"})
-    cocon_adv_weight: float = field(
-        default=1.0, metadata={"help": "weight of the generator-side L_adv (Eq. 14); 0 = ablation (no D either)"}
+    cocon_self_weight: float = field(
+        default=1.0, metadata={"help": "weight of L_self (Section 3.1, Self Reconstruction Loss)"}
     )
-    cocon_disc_weight: float = field(default=1.0, metadata={"help": "weight of the discriminator's loss (Eq. 15)"})
+    cocon_null_weight: float = field(
+        default=1.0, metadata={"help": "weight of L_null (Section 3.1, Null Content Loss); 0 = ablation"}
+    )
+    cocon_cycle_weight: float = field(
+        default=1.0, metadata={"help": "weight of L_cycle (Section 3.1, Cycle Reconstruction Loss); 0 = ablation"}
+    )
+    cocon_adv_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of the generator-side L_adv (Section 3.1, Adversarial Loss); 0 = ablation (no D either)"
+        },
+    )
+    cocon_disc_weight: float = field(
+        default=1.0, metadata={"help": "weight of the discriminator's loss (the other side of L_adv)"}
+    )
     cocon_cycle_start: int = field(default=1000, metadata={"help": "updates before L_cycle starts"})
     cocon_adv_start: int = field(default=1000, metadata={"help": "updates before L_adv/L_disc start"})
     cocon_cycle_steps: int = field(default=10, metadata={"help": "length of the soft q^1 of the cycle"})
@@ -167,7 +189,7 @@ class CoConCriterion(FairseqCriterion):
         return F.softmax(logits.float() / self.cycle_temperature, dim=-1).to(logits.dtype)
 
     def generate_soft(self, dec, prefix_inputs, content_states, content_pad):
-        """q^1 = f(p', c) as soft tokens (Eq. 11): ``B x steps x V`` distributions, generated
+        """q^1 = f(p', c = q) as soft tokens (Cycle Reconstruction Loss): ``B x steps x V`` distributions, generated
         incrementally after the prefix inputs (``</s> p'``, no padding)."""
         inc = {}
         h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
@@ -188,7 +210,7 @@ class CoConCriterion(FairseqCriterion):
         return torch.cat(ys, dim=1)
 
     def cycle_loss(self, model, sample, h, pad_mask, n_words):
-        """L_cycle (Eq. 13) summed over the cycle's tokens, and their number, on the batch's first
+        """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their number, on the batch's first
         ``--cocon-cycle-sentences`` sentences (``h``: the lower states of the whole batch)."""
         dec = model.decoder
         n = min(self.cycle_sentences, sample["target"].size(0))

@@ -15,6 +15,14 @@ Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`
   LM's final LayerNorm and output projection are ``dec``. ``0 <= l <= layers``.
 - the CoCon block (:mod:`fairseq_knowgen.modules.cocon_block`, Eq. 5-7) sits between them;
   ``--cocon-ffn-dim``, ``--cocon-dropout``, ``--cocon-attention-dropout``, ``--cocon-zero-init``.
+  ``dec`` receives the block's output h' at every position, prompt included (a choice of this
+  implementation: Eq. 7 writes ``o~_t = dec([h_{:t-2}; h'_{t-1}])``, the block's output at t-1
+  "concatenated to the representations before t-1", so positions before t-1 keep the LM's h:
+  with t-1 the end of the prompt x^a, the prompt's earlier positions; read per step, every
+  earlier position). With h' everywhere, training, the cycle's generation and fairseq's
+  incremental search share one state per position. Under the first reading the two agree when
+  x^a is empty (``--cocon-min-prefix 0`` draws such splits) and when decoding from
+  the start symbol without a prompt.
 - the discriminator of the adversarial loss (:mod:`~fairseq_knowgen.modules.cocon_discriminator`,
   ``--cocon-disc-dim``) is a part of the model so that it is checkpointed and synchronized
   across ranks with the rest; only the ``cocon`` criterion uses it.
@@ -245,7 +253,7 @@ def lm_activation(lm) -> str:
 
 
 class CoConDecoder(FairseqIncrementalDecoder):
-    """The frozen LM's lower layers, the CoCon block, the LM's upper layers (Eq. 4-8).
+    """The frozen LM's lower layers, the CoCon block, the LM's upper layers (Eq. 4-7).
 
     ``bypass = True`` skips the block: the decoder is then exactly the frozen LM (the plain and
     the prompted LM baselines decode through it; the ``cocon_generation`` task's ``--cocon-mode lm``).

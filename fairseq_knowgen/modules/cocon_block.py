@@ -1,26 +1,40 @@
 """The CoCon block (Chan et al., "CoCon: A Self-Supervised Approach for Controlled Text
 Generation", ICLR 2021; ``shared/seeds/cocon.zh.txt``, Section 3 "Model Architecture").
 
+Equation numbers are those of the paper's Section 3 as the seed text implies them (it names
+Eq. 4 and Eq. 6; its displayed formulas are missing, so each is given here as the text describes
+it): Eq. 4 ``o_t = dec(h_{:t-1})``, ``p(x_t | x_{:t-1}) = softmax(o_t)``; Eq. 5
+``h'_{:t-1} = CoCon(h^(c)_{:l_c}, h_{:t-1})``; Eq. 6 ``K' = [K^(c); K]``, ``V' = [V^(c); V]``,
+``A = softmax(Q K'^T) V' = softmax(W) V'``; Eq. 7 ``h'_i = FF(a_i)``,
+``o~_t = dec([h_{:t-2}; h'_{t-1}])`` (the block's output "concatenated to the representations
+before t-1 and passed to dec").
+
 An LM is split at a layer into ``enc`` (lower layers) and ``dec`` (upper layers); the text's
-hidden states ``h = enc(x)`` (Eq. 4: ``o_t = dec(h_{:t-1})``) are conditioned on the content
-states ``h^(c) = enc(c)`` by one transformer layer (Eq. 5-7)::
+hidden states ``h = enc(x)`` are conditioned on the content states ``h^(c) = enc(c)`` by one
+transformer layer (Eq. 5-7)::
 
     Q = LN(h) W_q,  K = LN(h) W_k,  V = LN(h) W_v                    (t-1) x d
     K^(c) = LN(h^(c)) W_k,  V^(c) = LN(h^(c)) W_v                    l_c x d
-    W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6)
-    A = softmax(W) [V^(c); V]
+    W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6; tau: W_{:,:l_c} only)
+    A = softmax(W) [V^(c); V]                                        (Eq. 6)
     h~ = h + A W_o                       (residual)
     h' = h~ + FF(LN2(h~))                (Eq. 7, residual; FF = W_2 act(W_1 x), act the LM's own)
 
-and ``dec(h')`` gives the next-token logits (Eq. 8). Per head as usual (``num_heads``). The
-content keys/values use the same projections W_k, W_v and the same LayerNorm as the text (both
-are states of the same lower layers). Several contents (Section 3, "Multiple Content Inputs")
-are concatenated along l_c; ``content_bias`` adds tau (one value per content position, so one
-tau per content) to the logits of the content columns only (Section 3, "Strength of Content
-Conditioning"; tau = 0 is no bias). A content padding mask and, in training, a per-query
-content mask (self-reconstruction: the step predicting x^b_j does not see content position j)
-block content columns. Null content (``content=None`` or every column masked) leaves attention
-over the causal self part only.
+Choices beyond the paper's formulas, as GPT-2 blocks do: pre-LayerNorm, multi-head attention
+(``num_heads``) scaled by 1/sqrt(d_head) (Eq. 6 is written without a scale; tau is added after
+it), an output projection W_o and residual connections around attention and FF (Eq. 7 writes
+``h'_i = FF(a_i)``). The content keys/values use the same projections W_k, W_v and the same
+LayerNorm as the text (the paper only says content keys/values "are also computed"; both are
+states of the same lower layers). ``dec`` then receives h' (Eq. 7); at which positions it
+receives h' rather than h is the model's business (:mod:`fairseq_knowgen.models.cocon`).
+Several contents (Section 3, "Multiple Content Inputs": their K and V concatenated, no
+equation in the seed text) are concatenated along l_c; ``content_bias`` adds tau (one value per
+content position, so one tau per content) to the logits of the content columns only (Section 3,
+"Strength of Content Conditioning": a bias on ``W_{:,:l_c}`` of Eq. 6; tau = 0 is no bias). A
+content padding mask and, in training, a per-query content mask (the content masking of
+self-reconstruction: the step predicting x^b_j does not see content position j) block content
+columns. Null content (``content=None`` or every column masked) leaves attention over the causal
+self part only.
 
 With ``zero_init`` the output projections W_o and the FFN's last layer start at zero, so that
 h' = h and CoCon starts as the plain LM (a choice of this implementation, flag

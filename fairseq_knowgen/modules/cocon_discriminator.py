@@ -1,14 +1,19 @@
 """The discriminator of CoCon's adversarial loss (Chan et al., ICLR 2021, Section 3.1,
-"Adversarial Loss", Eq. 14-15) on hidden-state sequences.
+"Adversarial Loss": "make the generated text closer to real text"; the seed text displays no
+equation for it) on hidden-state sequences.
 
 The paper leaves its shape open; here (``--cocon-disc-dim``): a position-wise two-layer MLP
 (LayerNorm, Linear d -> d_disc, GELU, Linear d_disc -> d_disc), mean-pooled over the non-padded
 positions, then Linear d_disc -> 1: one logit per sequence, "real" (the frozen LM's states
-``enc(x^b)``) vs "fake" (the CoCon block's states ``h'`` of the same positions)::
+``enc(x^b)``) vs "fake" (the CoCon block's states ``h'`` of the same positions; the paper's fake
+side is generated text, see :mod:`fairseq_knowgen.criterions.cocon`)::
 
     f_disc(h) = w^T mean_i MLP(LN(h_i)) + b
-    L_disc = -log sigmoid(f_disc(real)) - log(1 - sigmoid(f_disc(fake)))      (Eq. 15, maximized as -L)
-    L_adv  = -log sigmoid(f_disc(fake))    (generator side, the non-saturating form of Eq. 14)
+    L_disc = -log sigmoid(f_disc(real)) - log(1 - sigmoid(f_disc(fake)))   (the discriminator minimizes it)
+    L_adv  = -log sigmoid(f_disc(fake))    (CoCon minimizes it: the non-saturating generator loss)
+
+i.e. the discriminator maximizes log D(real) + log(1 - D(fake)) and CoCon, instead of minimizing
+log(1 - D(fake)), maximizes log D(fake) (same fixed point, no vanishing gradient early on).
 """
 
 from typing import Optional

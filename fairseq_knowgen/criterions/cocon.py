@@ -24,12 +24,12 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   trained towards q), from ``--cocon-cycle-start`` updates on: with one split t_c for the batch
   (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the previous sentence of the
   batch, cyclically: row b takes p' from row b - 1; on the batch's first ``--cocon-cycle-sentences``
-  sentences only, as its cost grows with sentences x vocabulary), q^1 = f(p', c = q) is generated for ``--cocon-cycle-steps`` steps as
-  *soft* tokens: step s feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
-  ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
-  matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
-  the content q^1 entering as the soft embeddings y E. Its gradient reaches the CoCon block
-  through both passes (the frozen LM only passes it on).
+  sentences only, as its cost grows with sentences x vocabulary), q^1 = f(p', c = q) is generated
+  for ``--cocon-cycle-steps`` steps as *soft* tokens: step s feeds back y_s = softmax(o_s / T)
+  (``--cocon-cycle-soft softmax``, T = ``--cocon-cycle-temperature``) or a Gumbel-softmax sample
+  (``gumbel``) through the embedding matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q}
+  log p(q_i | c = q^1, p, q_<i)``, the content q^1 entering as the soft embeddings y E. Its gradient
+  reaches the CoCon block through both passes (the frozen LM only passes it on).
 - **Adversarial** ("Adversarial Loss": "make the generated text closer to real text"), from
   ``--cocon-adv-start`` updates on: the discriminator
   (:mod:`~fairseq_knowgen.modules.cocon_discriminator`, in the model) tells the frozen LM's
@@ -210,8 +210,9 @@ class CoConCriterion(FairseqCriterion):
         return torch.cat(ys, dim=1)
 
     def cycle_loss(self, model, sample, h, pad_mask, n_words):
-        """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their number, on the batch's first
-        ``--cocon-cycle-sentences`` sentences (``h``: the lower states of the whole batch)."""
+        """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their
+        number, on the batch's first ``--cocon-cycle-sentences`` sentences (``h``: the lower states of
+        the whole batch)."""
         dec = model.decoder
         n = min(self.cycle_sentences, sample["target"].size(0))
         target, prev = sample["target"][:n], sample["net_input"]["prev_output_tokens"][:n]

@@ -231,3 +231,59 @@ def test_commongen_test_split_without_references_is_decoded_not_scored(tmp_path)
     assert (out / "runs" / "transformer" / "test.out").exists()
     assert not (out / "runs" / "transformer" / "test.scores.json").exists()
     assert (out / "runs" / "transformer" / "valid.scores.json").exists()
+
+
+def test_commongen_constraint_form_prototype_reaches_the_constraint_file_and_the_outputs(tmp_path):
+    """CONSTRAINTS=1 CONSTRAINT_FORM=prototype on the plain-concepts model: stage 6 writes bin/valid.cons-prototype
+    from the EKI prototypes of the same split (the documented choice for INPUT=concepts) and decodes with it into
+    valid.cons-prototype.out; stage 4's concept-form bin/valid.cons stays as it was."""
+    from fairseq_knowgen.evaluation.metrics import lemma
+
+    bad = subprocess.run(
+        ["bash", "examples/commongen/run.sh", tmp_path, tmp_path, tmp_path],
+        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CONSTRAINT_FORM="lemmas", STAGE="6"),
+    )  # fmt: skip
+    assert bad.returncode == 2 and "CONSTRAINT_FORM must be concept or prototype" in bad.stdout
+    # every reference pluralizes every concept: a prototype (a training reference) gives the plural
+    nouns = "dog ball kid park boat tree cat bird car lake".split()
+    rng = random.Random(3)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, n_sets in (("train", 40), ("dev", 3)):
+        src, tgt = [], []
+        for _ in range(n_sets):
+            a, b, c = rng.sample(nouns, 3)
+            src += [f"{a} {b} {c}"] * 2
+            tgt += [f"the {a}s and the {b}s see {c}s .", f"two {b}s and {a}s near {c}s ."]
+        (data / f"commongen.{name}.src_alpha.txt").write_text("\n".join(src) + "\n")
+        (data / f"commongen.{name}.tgt.txt").write_text("\n".join(tgt) + "\n")
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_text("a dog runs in the park .\n")
+    out = tmp_path / "out"
+    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STOP_STAGE="5")
+    concept_cons = (out / "bin" / "valid.cons").read_text()
+    run_recipe(
+        "examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STAGE="6", CONSTRAINTS="1",
+        CONSTRAINT_FORM="prototype",
+    )  # fmt: skip
+    assert (out / "bin" / "valid.cons").read_text() == concept_cons
+    concepts = [c.split("|") for c in (out / "raw" / "valid.concepts").read_text().splitlines()]
+    protos = [p.split() for p in (out / "raw" / "valid.proto").read_text().splitlines()]
+    lines = (out / "bin" / "valid.cons-prototype").read_text().splitlines()
+    cons = [[c.replace("@@ ", "") for c in line.split("\t")] for line in lines]  # "tre@@ es" here
+    assert len(cons) == len(concepts) == 3  # dev is grouped by concept set: 3 inputs
+    for cs, want, proto in zip(cons, concepts, protos):
+        assert len(cs) == len(want)
+        for c, w in zip(cs, want):
+            # by hand: the plural when the prototype has it, else the concept
+            assert c == (f"{w}s" if f"{w}s" in proto else w) and lemma(c) == w, (cs, want, proto)
+    assert sum(c.endswith("s") for cs in cons for c in cs) >= 3  # prototypes do give plurals here
+    hyps = {}
+    for line in (out / "runs" / "transformer" / "valid.cons-prototype.out").read_text().splitlines():
+        if line.startswith("H-"):
+            i, _, text = line[2:].split("\t", 2)
+            hyps[int(i)] = text.split()
+    assert sorted(hyps) == list(range(3))
+    assert all(c in hyps[i] for i, cs in enumerate(cons) for c in cs), (hyps, cons)  # decoded with that file
+    assert (out / "runs" / "transformer" / "valid.cons-prototype.scores.json").exists()
+    assert not (out / "runs" / "transformer" / "valid.cons.out").exists()

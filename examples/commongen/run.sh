@@ -20,6 +20,13 @@
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
 #       CONSTRAINTS=0   1: stages 6-7 decode with every concept as a constraint (fairseq's lexically constrained
 #                       beam search, --constraints unordered; the concept as the input gives it) into SPLIT.cons.out
+#       CONSTRAINT_FORM=concept   with CONSTRAINTS=1, the form each concept is constrained in (one form: fairseq's
+#                       constraints have no disjunction): concept (as the input gives it: the lemma, DATA_BIN/SPLIT.cons
+#                       of stage 4) or prototype (the form it takes in the in-domain prototype of that input, matched by
+#                       lemma as coverage matches, else the concept; INPUT=eki-ood: the out-of-domain prototype;
+#                       INPUT=concepts: the EKI prototype of the same split, bpe/SPLIT.eki.src, although that model never
+#                       reads it). prototype: stage 6 writes DATA_BIN/SPLIT.cons-prototype (prep.constraints --form
+#                       prototype) and decodes into SPLIT.cons-prototype.out
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--no-repeat-ngram-size 3" DECODE_NAME=norep3)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
@@ -39,15 +46,25 @@ STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
-TRAIN_ARGS=${TRAIN_ARGS:-}; MAX_SHARED=${MAX_SHARED:-}
+TRAIN_ARGS=${TRAIN_ARGS:-}; MAX_SHARED=${MAX_SHARED:-}; CONSTRAINT_FORM=${CONSTRAINT_FORM:-concept}
+case $CONSTRAINT_FORM in concept) ;; prototype) [ "${CONSTRAINTS:-0}" = 1 ] \
+  || { echo "CONSTRAINT_FORM=prototype needs CONSTRAINTS=1"; exit 2; } ;;
+  *) echo "CONSTRAINT_FORM must be concept or prototype"; exit 2 ;; esac
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 RUN=$OUT/runs/$NAME
-case $INPUT in concepts) DATA_BIN=$OUT/bin ;; eki|eki-ood) DATA_BIN=$OUT/bin-$INPUT ;;
+# SRC_BPE: the encoded source of INPUT (bpe/SPLIT.SRC_BPE); PROTO_BPE: the EKI source whose prototypes give
+# CONSTRAINT_FORM=prototype its forms
+case $INPUT in concepts) DATA_BIN=$OUT/bin SRC_BPE=src PROTO_BPE=eki.src ;;
+  eki|eki-ood) DATA_BIN=$OUT/bin-$INPUT SRC_BPE=$INPUT.src PROTO_BPE=$INPUT.src ;;
   *) echo "INPUT must be concepts, eki or eki-ood"; exit 2 ;; esac
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
+if [ "$CONSTRAINT_FORM" = prototype ]; then  # its own constraint file and outputs: SPLIT.cons-prototype[.DECODE_NAME].out
+  CONS=".cons-prototype${CONS#.cons}"
+  GEN_ARGS="${GEN_ARGS:-} --constraints-from cons-prototype"  # after stage_generate's --constraints-from cons: wins
+fi
 
 if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw"
@@ -97,6 +114,11 @@ if stage 5; then
   stage_train
 fi
 if stage 6; then
+  if [ "$CONSTRAINT_FORM" = prototype ]; then
+    echo "== stage 6: concepts in the form of the prototypes of bpe/SPLIT.$PROTO_BPE -> $DATA_BIN/SPLIT.cons-prototype"
+    # shellcheck disable=SC2046
+    stage_constraints --prototypes "$PROTO_BPE" concepts "$DATA_BIN" "$SRC_BPE" $(eval_splits)
+  fi
   for split in $(eval_splits); do
     echo "== stage 6: fairseq-generate --beam $BEAM on $split -> $RUN/$split$CONS.out"
     stage_generate "$split" "$RUN/$split$CONS.out"

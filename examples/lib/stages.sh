@@ -90,12 +90,19 @@ stage_binarize_extra() {
   done
 }
 
-# stage_constraints KIND DEST SRC SPLIT...: DEST/SPLIT.cons from the encoded source bpe/SPLIT.SRC (KIND: concepts or
-# entities; see fairseq_knowgen/prep/constraints.py), read by fairseq-generate when CONSTRAINTS=1
+# stage_constraints [--prototypes P] KIND DEST SRC SPLIT...: DEST/SPLIT.cons from the encoded source bpe/SPLIT.SRC
+# (KIND: concepts or entities; see fairseq_knowgen/prep/constraints.py), read by fairseq-generate when CONSTRAINTS=1;
+# --prototypes P (concepts only): DEST/SPLIT.cons-prototype instead, each concept in the form it takes in the
+# prototype of the EKI source bpe/SPLIT.P (--form prototype)
 stage_constraints() {
-  local kind=$1 dest=$2 src=$3 split; shift 3
+  local proto="" suffix=cons kind dest src split form
+  if [ "$1" = --prototypes ]; then proto=$2; suffix=cons-prototype; shift 2; fi
+  kind=$1 dest=$2 src=$3; shift 3
   for split in "$@"; do
-    $PY -m fairseq_knowgen.prep.constraints "$kind" --src "$OUT/bpe/$split.$src" --out "$dest/$split.cons"
+    form=()
+    [ -z "$proto" ] || form=(--form prototype --prototypes "$OUT/bpe/$split.$proto")
+    $PY -m fairseq_knowgen.prep.constraints "$kind" --src "$OUT/bpe/$split.$src" "${form[@]}" \
+      --out "$dest/$split.$suffix"
   done
 }
 

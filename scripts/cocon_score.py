@@ -163,10 +163,13 @@ def cmd_score(a):
 
 
 def cmd_table(a):
-    rows1, rows2 = {}, {}
+    rows1, rows2, seen = {}, {}, {}
     for path in a.scores:
         with open(path) as f:
             d = json.load(f)
+        if d["name"] in seen:  # a copied run folder: its rows would silently hide the other's
+            raise DataError(path, 0, f"run name {d['name']!r} is also the name in {seen[d['name']]}: rename one")
+        seen[d["name"]] = path
         for key, res in d["results"].items():
             kind, system = key.split("/", 1)
             # the plain/prompted LM rows are the same for every run (the frozen LM): keep the first

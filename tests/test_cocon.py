@@ -177,6 +177,58 @@ def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_d
     assert diff[t[b] + 1] == 0 and diff[t[b]] > 1e-4 and diff[t[b] + 2] > 1e-4
 
 
+def test_random_self_mask_hides_the_same_columns_from_every_step(cocon_data):
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_self_mask="random", cocon_self_mask_prob=0.5)
+    batch = first_batch(task)
+    target = batch["target"]
+    n_words = target.ne(1).sum(1) - 1
+    t = torch.zeros_like(n_words)
+    dec = model.decoder
+    hidden = 0
+    real = 0
+    for seed in range(20):
+        content, states, cpad, qmask = crit.self_content(dec, target, n_words, t, torch.Generator().manual_seed(seed))
+        assert qmask.shape == (target.size(0), target.size(1), content.size(1))
+        assert (qmask == qmask[:, :1]).all()  # one column set per sentence, for every step
+        assert not (qmask[:, 0] & cpad).any()  # padding is not counted as hidden
+        assert ((~qmask[:, 0]) & ~cpad).any(1).all()  # every sentence keeps a visible column
+        hidden += int(qmask[:, 0].sum())
+        real += int((~cpad).sum())
+    assert 0.35 < hidden / real < 0.6
+    # behaviour: a hidden column changes no output anywhere in its sentence, a visible one does
+    content, states, cpad, qmask = crit.self_content(dec, target, n_words, t, torch.Generator().manual_seed(0))
+    b = int(((qmask[:, 0] & ~cpad).sum(1) * ((~qmask[:, 0]) & ~cpad).sum(1)).argmax())
+    hid = int(qmask[b, 0].nonzero()[0])
+    vis = int(((~qmask[b, 0]) & ~cpad[b]).nonzero()[0])
+    h, _ = dec.lower(batch["net_input"]["prev_output_tokens"])
+    with torch.no_grad():
+        out = dec.block(h, states, cpad, None, content_attn_mask=qmask)[0][:, b]
+        diffs = []
+        for col in (hid, vis):
+            changed = states.clone()
+            changed[col, b] = torch.randn_like(changed[col, b]) * 3
+            diffs.append((dec.block(h, changed, cpad, None, content_attn_mask=qmask)[0][:, b] - out).abs().max())
+    assert diffs[0] == 0 and diffs[1] > 1e-4
+
+
+@pytest.mark.parametrize("value,mode", [("1", "aligned"), ("0", "none"), ("none", "none"), ("random", "random")])
+def test_self_mask_choices_and_earlier_checkpoints_values(cocon_data, value, mode):
+    task, model = build(cocon_data)
+    crit = CoConCriterion(task, cocon_self_mask=value)
+    assert crit.self_mask == mode
+    if mode == "none":
+        batch = first_batch(task)
+        n_words = batch["target"].ne(1).sum(1) - 1
+        assert crit.self_content(model.decoder, batch["target"], n_words, torch.zeros_like(n_words))[3] is None
+
+
+def test_unknown_self_mask_is_refused(cocon_data):
+    task, _ = build(cocon_data)
+    with pytest.raises(ValueError, match="--cocon-self-mask"):
+        CoConCriterion(task, cocon_self_mask="sometimes")
+
+
 def test_split_points_within_bounds():
     n = torch.tensor([1, 2, 5, 9, 30])
     for _ in range(50):

@@ -13,11 +13,23 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   symbol) and m = ``--cocon-min-content``; x^a = x_1..x_t, x^b = x_{t+1}..x_n </s>. The content is
   c = x^b without ``</s>``, cut at ``--cocon-max-content`` tokens (its first ones).
 - **Self-reconstruction** ("Self Reconstruction Loss": "c = x^b, and what is generated is x^b
-  itself"): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``; with
-  ``--cocon-self-mask 1`` (default) the step predicting x^b_j does not see content position j
-  (its column gets -inf), so the block cannot just copy the token it is asked for (the paper's
-  "content masking", named in its introduction; the seed text gives no details). Content states
-  come from the LM run on c alone, causally, so later columns j' > j still carry c_j.
+  itself"): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``. Which content columns a
+  step sees is ``--cocon-self-mask`` (the paper's "content masking", named in its introduction;
+  the seed text gives no details):
+
+  - ``aligned`` (default): the step predicting x^b_j does not see content position j (its column
+    gets -inf), so the block cannot just copy the token it is asked for. Content states come from
+    the LM run on c alone, causally, so later columns j' > j still carry c_j; but copying a token's
+    *identity* is never rewarded (the column holding it is hidden exactly when it is the target),
+    which is what content-conditioned decoding from a concept list needs. Measured in the README:
+    at 40 minutes the block barely reads its content with this mask.
+  - ``random``: each content column of a sentence is hidden from all its steps with probability
+    ``--cocon-self-mask-prob`` (at least one column stays visible), so the aligned column is seen
+    in part of the sentences (copying is rewarded) and missing in the others (the block also
+    learns to generate without it).
+  - ``none``: every step sees the whole content.
+
+  (``1``/``0`` are read as ``aligned``/``none``: checkpoints of earlier versions.)
 - **Null content** ("Null Content Loss", c = null): the same positions with c = nothing: the block
   attends over the causal self part only (no content keys at all).
 - **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', q), q^2 = f(p, q^1), q^2
@@ -63,6 +75,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..modules.cocon_discriminator import discriminator_losses
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
+SELF_MASKS = ("aligned", "random", "none")
+LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
 
 
 @dataclass
@@ -96,8 +110,15 @@ class CoConCriterionConfig(FairseqDataclass):
         default=32, metadata={"help": "the cycle runs on the batch's first N sentences (its cost grows with N x vocab)"}
     )
     cocon_disc_update_freq: int = field(default=1, metadata={"help": "the discriminator learns every K updates"})
-    cocon_self_mask: int = field(
-        default=1, metadata={"help": "1: the step predicting x^b_j does not see content position j"}
+    cocon_self_mask: str = field(
+        default="aligned",
+        metadata={
+            "help": "content columns hidden in L_self: aligned (the step predicting x^b_j does not see content j), "
+            "random (each column hidden with --cocon-self-mask-prob), none"
+        },
+    )
+    cocon_self_mask_prob: float = field(
+        default=0.5, metadata={"help": "--cocon-self-mask random: probability that a content column is hidden"}
     )
     cocon_min_prefix: int = field(default=0, metadata={"help": "shortest x^a (tokens)"})
     cocon_min_content: int = field(default=1, metadata={"help": "shortest content (tokens)"})
@@ -140,7 +161,8 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_temperature=1.0,
         cocon_cycle_sentences=32,
         cocon_disc_update_freq=1,
-        cocon_self_mask=1,
+        cocon_self_mask="aligned",
+        cocon_self_mask_prob=0.5,
         cocon_min_prefix=0,
         cocon_min_content=1,
         cocon_max_content=32,
@@ -153,7 +175,12 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
         self.cycle_sentences = max(2, cocon_cycle_sentences)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
-        self.self_mask = bool(cocon_self_mask)
+        mode = LEGACY_SELF_MASKS.get(str(cocon_self_mask), str(cocon_self_mask))
+        if mode not in SELF_MASKS:
+            raise ValueError(f"--cocon-self-mask {cocon_self_mask!r}: choose one of {', '.join(SELF_MASKS)}")
+        if mode == "random" and not 0.0 <= cocon_self_mask_prob < 1.0:
+            raise ValueError("--cocon-self-mask-prob must be in [0, 1)")
+        self.self_mask, self.self_mask_prob = mode, float(cocon_self_mask_prob)
         self.min_prefix, self.min_content, self.max_content = cocon_min_prefix, cocon_min_content, cocon_max_content
         if self.min_content < 1 or self.max_content < self.min_content:
             raise ValueError("need 1 <= --cocon-min-content <= --cocon-max-content")
@@ -169,18 +196,27 @@ class CoConCriterion(FairseqCriterion):
         nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
         return (nll * loss_mask).sum()
 
-    def self_content(self, dec, target, n_words, t):
+    def self_content(self, dec, target, n_words, t, generator=None):
         """The content x^b (``B x L``), its lower-layer states and padding mask, and the per-query
-        mask of the self-reconstruction (``B x T x L``: query p never sees content p - t)."""
+        mask of the self-reconstruction (``B x T x L``, True = hidden; ``None`` for ``none``):
+        ``aligned``: query p never sees content p - t; ``random``: the same random columns hidden
+        from every query of a sentence (``generator``: a CPU ``torch.Generator``, for validation)."""
         pad = self.padding_idx
         length = torch.minimum(n_words - t, torch.full_like(t, self.max_content))
         content = gather_spans(target, t, length, pad)
         states, cpad = dec.encode_content_tensor(content)
         T, L = target.size(1), content.size(1)
         qmask = None
-        if self.self_mask:
+        if self.self_mask == "aligned":
             j = torch.arange(T, device=target.device)[None, :] - t[:, None]  # B x T: content index j
             qmask = j[:, :, None].eq(torch.arange(L, device=target.device)[None, None, :])
+        elif self.self_mask == "random":
+            hide = torch.rand(content.shape, generator=generator).to(target.device) < self.self_mask_prob
+            hide = hide & content.ne(self.padding_idx)
+            # at least one real column stays visible: the first one of each sentence, when all are hidden
+            all_hidden = (hide | content.eq(self.padding_idx)).all(1)
+            hide[:, 0] &= ~all_hidden
+            qmask = hide[:, None, :].expand(-1, T, -1)
         return content, states, cpad, qmask
 
     def soft_tokens(self, logits):
@@ -252,7 +288,7 @@ class CoConCriterion(FairseqCriterion):
         sample_size = int(loss_mask.sum())
 
         h, pad_mask = dec.lower(prev)  # T x B x C, the frozen LM's lower states
-        _, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t)
+        _, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t, gen)
         h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
         l_self = self.nll(dec, h_self, pad_mask, target, loss_mask)
         loss = self.w_self * l_self

@@ -229,6 +229,20 @@ def test_unknown_self_mask_is_refused(cocon_data):
         CoConCriterion(task, cocon_self_mask="sometimes")
 
 
+@pytest.mark.parametrize("adv_weight", ["0", "1"])
+def test_without_adversarial_loss_no_discriminator_is_built_and_every_parameter_learns(cocon_data, adv_weight):
+    """DDP without find_unused_parameters: the configuration creates only what its loss uses."""
+    task, model = build(cocon_data, "--criterion", "cocon", "--cocon-adv-weight", adv_weight)
+    assert (model.discriminator is None) == (adv_weight == "0")
+    crit = CoConCriterion(task, cocon_adv_weight=float(adv_weight), cocon_cycle_start=0, cocon_adv_start=0)
+    model.train()
+    loss, _, log = crit(model, first_batch(task))
+    loss.backward()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None for _, p in trainable), [n for n, p in trainable if p.grad is None]
+    assert ("loss_adv" in log) == (adv_weight == "1")
+
+
 def test_split_points_within_bounds():
     n = torch.tensor([1, 2, 5, 9, 30])
     for _ in range(50):

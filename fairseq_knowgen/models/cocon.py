@@ -25,7 +25,9 @@ Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`
   the start symbol without a prompt.
 - the discriminator of the adversarial loss (:mod:`~fairseq_knowgen.modules.cocon_discriminator`,
   ``--cocon-disc-dim``) is a part of the model so that it is checkpointed and synchronized
-  across ranks with the rest; only the ``cocon`` criterion uses it.
+  across ranks with the rest; only the ``cocon`` criterion uses it. A run without the adversarial
+  loss (``--criterion cocon --cocon-adv-weight 0``) builds none: a configuration creates only the
+  parameters it uses (fairseq's DDP).
 
 A checkpoint holds the LM's weights too; building the model (fairseq-generate) still reads
 ``--cocon-lm-path`` for the LM's configuration (``--model-overrides "{'cocon_lm_path': ...}"``
@@ -461,7 +463,10 @@ class CoConModel(FairseqEncoderDecoderModel):
             args.cocon_ffn_dim = mult * dim if mult else (lm.layers[0].fc1.out_features if n else 4 * dim)
         decoder = CoConDecoder(args, task.target_dictionary, lm)
         encoder = CoConEncoder(task.source_dictionary, decoder)
-        return cls(args, encoder, decoder, HiddenStateDiscriminator(dim, args.cocon_disc_dim))
+        # the criterion's flags are in the legacy args namespace (fairseq-train and checkpoints alike)
+        adversarial = getattr(args, "cocon_adv_weight", 1.0) != 0
+        disc = HiddenStateDiscriminator(dim, args.cocon_disc_dim) if adversarial else None
+        return cls(args, encoder, decoder, disc)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, cocon_loss=None, **kwargs):
         """The decoder's output for ``prev_output_tokens`` given the contents in ``src_tokens``;

@@ -77,6 +77,8 @@ from ..modules.cocon_discriminator import discriminator_losses
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
+# fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
+SELF_MASK_CHOICES = ChoiceEnum([*SELF_MASKS, *LEGACY_SELF_MASKS])
 
 
 @dataclass
@@ -110,7 +112,7 @@ class CoConCriterionConfig(FairseqDataclass):
         default=32, metadata={"help": "the cycle runs on the batch's first N sentences (its cost grows with N x vocab)"}
     )
     cocon_disc_update_freq: int = field(default=1, metadata={"help": "the discriminator learns every K updates"})
-    cocon_self_mask: str = field(
+    cocon_self_mask: SELF_MASK_CHOICES = field(
         default="aligned",
         metadata={
             "help": "content columns hidden in L_self: aligned (the step predicting x^b_j does not see content j), "

@@ -10,17 +10,30 @@ whenever the model cannot place a constraint in time: a model looping on subword
 
 :class:`LengthSafeConstrainedBeamSearch` keeps fairseq's search at every other step, and at the step
 where only EOS is allowed for each input that has a hypothesis meeting all its constraints (those
-end, as in fairseq). Only for an input none of whose hypotheses can end that way it takes
-plain beam search's choice there (each live hypothesis ends with EOS), so every input gets its
-hypotheses. Such an output lacks some constraint: the count is logged (``hypotheses ended at the length limit before meeting their constraints``) and readers
-see it in the coverage scores; nothing is hidden or dropped.
+end, as in fairseq). Only for an input none of whose hypotheses can end that way, each of its live
+hypotheses ends with EOS there, so every input gets its hypotheses. Such an output lacks some
+constraint: the count is logged (``inputs had no hypothesis meeting its constraints at the length
+limit``) and readers see it in the coverage scores; nothing is hidden or dropped.
+
+Two details make that hold with a decoding rule that blocks a constraint's token
+(``--at-most-once``, ``--no-repeat-ngram-size``): fairseq's banks still offer the blocked token
+(score -inf) and, ranking banks above scores, would put it in the beam ahead of finite
+candidates; its hypothesis then carries -inf to the end, breaks the rule, and at the limit its EOS
+is -inf too, so plain top-k picks arbitrary tokens instead of EOS and the run still failed
+(``AssertionError: 200 < 200`` on WebNLG dev with ``--at-most-once '<ent-\\d+>'``). So
+
+* at every step, candidates with score -inf go behind the finite ones of their input (order kept
+  otherwise; their constraint states move with them): a blocked token enters the beam only when an
+  input has fewer than ``beam`` finite candidates;
+* at the limit, a stuck input ends each of its live hypotheses with an explicit EOS, best first
+  (a -inf score becomes ``NO_SCORE``), never through top-k over ties.
 """
 
 import logging
 from typing import Optional
 
 import torch
-from fairseq.search import BeamSearch, LexicallyConstrainedBeamSearch
+from fairseq.search import LexicallyConstrainedBeamSearch
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
@@ -55,10 +68,15 @@ class LengthSafeConstrainedBeamSearch(LexicallyConstrainedBeamSearch):
         prev_output_tokens: Optional[Tensor] = None,
         original_batch_idxs: Optional[Tensor] = None,
     ):
-        if not (step > 0 and self.constraint_states and only_eos_allowed(lprobs, self.eos)):
+        if not self.constraint_states:
             return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs)
+        at_limit = step > 0 and only_eos_allowed(lprobs, self.eos)
+        # fairseq's step sets EOS to -inf in place for unfinished hypotheses: keep lprobs for the limit
+        searched = lprobs.clone() if at_limit else lprobs
+        cands = self._finite_first(super().step(step, searched, scores, prev_output_tokens, original_batch_idxs))
+        if not at_limit:
+            return cands
         beam_size = lprobs.size(1)
-        cands = super().step(step, lprobs.clone(), scores, prev_output_tokens, original_batch_idxs)
         cand_scores, cand_indices = cands[0][:, :beam_size], cands[1][:, :beam_size]
         stuck = ~(cand_indices.eq(self.eos) & torch.isfinite(cand_scores)).any(dim=1)
         if not stuck.any():
@@ -68,7 +86,31 @@ class LengthSafeConstrainedBeamSearch(LexicallyConstrainedBeamSearch):
             f"{int(stuck.sum())} inputs had no hypothesis meeting its constraints at the length limit: their "
             f"{beam_size} best end there ({self.unmet_at_limit} such hypotheses so far)"
         )
-        plain = list(BeamSearch.step(self, step, lprobs, scores))
-        # hypotheses that took a blocked constraint token have score -inf; they end too (at the bottom)
-        plain[0] = plain[0].nan_to_num(neginf=NO_SCORE)
-        return tuple(torch.where(stuck.unsqueeze(1), p, c) for p, c in zip(plain, cands))
+        ended = self._end_every_hypothesis(lprobs, scores, step, cands[0].size(1))
+        return tuple(torch.where(stuck.unsqueeze(1), e, c) for e, c in zip(ended, cands))
+
+    def _finite_first(self, cands):
+        """Reorder each input's candidates so that those with score -inf come last (stable), and its
+        constraint states with them (the generator picks them by candidate position)."""
+        cand_scores, cand_indices, cand_beams = cands
+        width = cand_scores.size(1)
+        inf = torch.isinf(cand_scores)
+        if not inf.any():
+            return cands
+        positions = torch.arange(width, device=cand_scores.device).expand_as(cand_scores)
+        order = (positions + inf.long() * width).argsort(dim=1)  # finite in order, then -inf in order
+        for sentno in inf.any(dim=1).nonzero().view(-1).tolist():
+            states = self.constraint_states[sentno]
+            self.constraint_states[sentno] = [states[i] for i in order[sentno].tolist()] + states[width:]
+        return tuple(t.gather(1, order) for t in cands)
+
+    def _end_every_hypothesis(self, lprobs: Tensor, scores: Tensor, step: int, width: int):
+        """Candidates ending each hypothesis with EOS, best first; the other ``width - beam``
+        positions repeat them with score -inf (the generator finalizes only the first ``beam``)."""
+        beam_size = lprobs.size(1)
+        eos_scores = (lprobs[:, :, self.eos] + scores[:, :, step - 1]).nan_to_num(nan=NO_SCORE, neginf=NO_SCORE)
+        eos_scores, beams = eos_scores.sort(dim=1, descending=True)
+        pad = width - beam_size
+        beams = torch.cat([beams, beams[:, :pad]], dim=1)
+        eos_scores = torch.cat([eos_scores, torch.full_like(eos_scores[:, :pad], float("-inf"))], dim=1)
+        return eos_scores, torch.full_like(beams, self.eos), beams

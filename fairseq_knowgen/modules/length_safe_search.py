@@ -25,8 +25,10 @@ is -inf too, so plain top-k picks arbitrary tokens instead of EOS and the run st
 * at every step, candidates with score -inf go behind the finite ones of their input (order kept
   otherwise; their constraint states move with them): a blocked token enters the beam only when an
   input has fewer than ``beam`` finite candidates;
-* at the limit, a stuck input ends each of its live hypotheses with an explicit EOS, best first
-  (a -inf score becomes ``NO_SCORE``), never through top-k over ties.
+* at the limit, a stuck input ends each of its live hypotheses with an explicit EOS, best first,
+  never through top-k over ties. Such an ending scores ``UNMET_PENALTY`` + its model score (a -inf
+  score counts as ``NO_SCORE``), so a hypothesis of the same input that ended earlier with all
+  its constraints still ranks first.
 """
 
 import logging
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 NO_SCORE = -1e9  # the score a hypothesis with probability 0 ends with at the limit (fairseq's finalizer skips -inf)
+UNMET_PENALTY = -1e4  # added to a hypothesis ended at the limit without its constraints (exact in float32 to ~1e-3)
 
 
 def only_eos_allowed(lprobs: Tensor, eos: int) -> bool:
@@ -49,7 +52,8 @@ def only_eos_allowed(lprobs: Tensor, eos: int) -> bool:
 
 class LengthSafeConstrainedBeamSearch(LexicallyConstrainedBeamSearch):
     """fairseq's constrained beam search, except that at the length limit hypotheses may end
-    without their constraints (module docstring). ``unmet_at_limit`` counts them.
+    without their constraints (module docstring). ``unmet_at_limit`` counts them (``beam`` per
+    stuck input: an upper bound when the input had already finalized some hypotheses).
 
     An input is stuck when none of its ``beam`` best candidates at the limit is an EOS with a
     finite score: no hypothesis met its constraints, or the ones that did took a constraint token a
@@ -105,10 +109,12 @@ class LengthSafeConstrainedBeamSearch(LexicallyConstrainedBeamSearch):
         return tuple(t.gather(1, order) for t in cands)
 
     def _end_every_hypothesis(self, lprobs: Tensor, scores: Tensor, step: int, width: int):
-        """Candidates ending each hypothesis with EOS, best first; the other ``width - beam``
-        positions repeat them with score -inf (the generator finalizes only the first ``beam``)."""
+        """Candidates ending each hypothesis with EOS, best first, at ``UNMET_PENALTY`` + its score;
+        the other ``width - beam`` positions repeat them with score -inf (the generator finalizes
+        only the first ``beam``)."""
         beam_size = lprobs.size(1)
-        eos_scores = (lprobs[:, :, self.eos] + scores[:, :, step - 1]).nan_to_num(nan=NO_SCORE, neginf=NO_SCORE)
+        model_scores = lprobs[:, :, self.eos] + scores[:, :, step - 1]
+        eos_scores = UNMET_PENALTY + model_scores.nan_to_num(nan=NO_SCORE, neginf=NO_SCORE)
         eos_scores, beams = eos_scores.sort(dim=1, descending=True)
         pad = width - beam_size
         beams = torch.cat([beams, beams[:, :pad]], dim=1)

@@ -287,3 +287,33 @@ def test_commongen_constraint_form_prototype_reaches_the_constraint_file_and_the
     assert all(c in hyps[i] for i, cs in enumerate(cons) for c in cs), (hyps, cons)  # decoded with that file
     assert (out / "runs" / "transformer" / "valid.cons-prototype.scores.json").exists()
     assert not (out / "runs" / "transformer" / "valid.cons.out").exists()
+
+
+def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(tmp_path):
+    """CHECKPOINT=last: stages 6-7 read checkpoint_last.pt and write valid.last.out / valid.last.scores.json (and
+    valid.cons.last.* with constraints), leaving the best checkpoint's outputs as they were; a value other than
+    best or last stops with exit 2."""
+    bad = subprocess.run(
+        ["bash", "examples/commongen/run.sh", tmp_path, tmp_path, tmp_path],
+        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CHECKPOINT="newest", STAGE="6"),
+    )  # fmt: skip
+    assert bad.returncode == 2 and "CHECKPOINT must be best or last" in bad.stdout
+    rng = random.Random(4)
+    data = tmp_path / "data"
+    data.mkdir()
+    commongen_split(rng, data, "train", 30)
+    commongen_split(rng, data, "dev", 3)
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_text("the dog runs in the park with a ball .\n")
+    out = tmp_path / "out"
+    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50")
+    run_dir = out / "runs" / "transformer"
+    best_out = (run_dir / "valid.out").read_text()
+    for cons, suffix in (("0", ""), ("1", ".cons")):
+        run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STAGE="6", CONSTRAINTS=cons,
+                   CHECKPOINT="last")  # fmt: skip
+        log = (run_dir / f"valid{suffix}.last.out.log").read_text()
+        loaded = [line for line in log.splitlines() if "loading model(s) from" in line]
+        assert loaded and all(line.endswith("checkpoints/checkpoint_last.pt") for line in loaded), loaded
+        assert (run_dir / f"valid{suffix}.last.scores.json").exists()
+    assert (run_dir / "valid.out").read_text() == best_out

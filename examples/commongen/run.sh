@@ -29,6 +29,8 @@
 #                       prototype) and decodes into SPLIT.cons-prototype.out
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--no-repeat-ngram-size 3" DECODE_NAME=norep3)
+#       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss) or last (outputs
+#                  SPLIT[.cons][.DECODE_NAME].last.out); choose between them on dev, never on a test split
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:

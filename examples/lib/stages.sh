@@ -6,11 +6,16 @@
 # Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
 # DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
 # (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
+# CHECKPOINT=best (default: the best dev loss, checkpoint_best.pt) or last (checkpoint_last.pt) is the checkpoint the
+# decoding stages read; last adds .last to the suffix (runs/NAME/SPLIT[.cons][.DECODE_NAME].last.out).
 CONS=$([ "${CONSTRAINTS:-0}" = 1 ] && echo .cons || true)
 if [ -n "${DECODE_ARGS:-}" ]; then
   [ -n "${DECODE_NAME:-}" ] || { echo "DECODE_ARGS needs a DECODE_NAME (the suffix of its outputs)"; exit 2; }
   CONS="$CONS.$DECODE_NAME"
 fi
+CHECKPOINT=${CHECKPOINT:-best}
+case $CHECKPOINT in best) ;; last) CONS="$CONS.last" ;;
+  *) echo "CHECKPOINT must be best or last"; exit 2 ;; esac
 
 PY=$ROOT/.venv/bin/python
 BIN=$ROOT/.venv/bin
@@ -121,7 +126,7 @@ stage_train() {
     $TRAIN_ARGS
 }
 
-# stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from the best checkpoint; CONSTRAINTS=1 adds
+# stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from checkpoint_$CHECKPOINT.pt; CONSTRAINTS=1 adds
 # fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons, DECODE_ARGS their flags (both decode with
 # translation_constrained unless TASK_ARGS names a task)
 stage_generate() {
@@ -137,7 +142,7 @@ stage_generate() {
   # shellcheck disable=SC2086
   $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" ${GEN_ARGS:-} \
     ${DECODE_ARGS:-} --gen-subset "$1" \
-    --path "$RUN/checkpoints/checkpoint_best.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
+    --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
     --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }
 }

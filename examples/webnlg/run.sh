@@ -33,6 +33,8 @@
 #                  6-7 BLEU on dev and held-out categories (19% of held-out references name an entity twice; README)
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
+#       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss) or last (outputs
+#                  SPLIT[.cons][.DECODE_NAME].last.out); choose between them on dev, never on a test split
 #   Examples:
 #       bash examples/webnlg/run.sh
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh

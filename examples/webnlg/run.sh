@@ -30,7 +30,7 @@
 #       ENTITY_ONCE=1 (default with ENTITIES=1 and CONSTRAINTS=0): stage 5 lets each <ent-K> appear at most once in
 #                  an output (fairseq-generate --at-most-once '<ent-\d+>'); 0 decodes without that rule. With
 #                  CONSTRAINTS=1 the default is 0: constraints already name every entity, and the rule then cost
-#                  6-7 BLEU on dev and held-out categories (19% of held-out references name an entity twice; README)
+#                  6-7 BLEU on dev and held-out categories (19% of held-out first references repeat one; README)
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
 #       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss) or last (outputs

@@ -5,10 +5,11 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import TINY_MODEL, TRAIN_COMMON, preprocess, run_cli
 
 from fairseq_knowgen.criterions.force_copy import ForceCopyCriterion, force_copy_terms, switch_loss
-from fairseq_knowgen.modules.copy_generator import CopyGenerator
+from fairseq_knowgen.modules.copy_generator import CopyGenerator, full_mixture, mixture_lprobs_at
 from fairseq_knowgen.prep.placeholders import encode_pair, restore
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
@@ -470,6 +471,78 @@ def test_copy_model_keeps_placeholders_out_of_p_vocab(word_level_bin):
         assert torch.isfinite(loss) and torch.isfinite(log["nll_loss"])
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         assert not bad, (mode, bad)
+
+
+def test_mixture_at_the_targets_equals_the_full_mixture_and_its_gradients():
+    """Training's log P(w*) (no B x T x V mixture) against the full Eq. 6 gathered at w*: values and gradients,
+    with a repeated source word, a placeholder reached only by copying (once with zero attention: the floor),
+    a word only at a non-copyable position (-inf, zero gradients) and a padding target."""
+    g = torch.Generator().manual_seed(0)
+    B, T, S, V = 2, 4, 5, 9
+    logits = torch.randn(B, T, V, generator=g)
+    logits[..., 8] = -math.inf  # a placeholder: outside the fixed vocabulary
+    z = torch.randn(B, T, 1, generator=g)
+    attn = torch.rand(B, T, S, generator=g)
+    attn[0, 1, 2] = 0.0  # the copy mass of placeholder 8 at step (0, 1): floored at float32's tiny, not -inf
+    src = torch.tensor([[4, 5, 8, 4, EOS], [7, 8, 5, PAD, PAD]])
+    copyable = torch.tensor([[True, True, True, True, False], [True, False, True, False, False]])
+    attn = attn * copyable.unsqueeze(1)
+    attn = attn / attn.sum(-1, keepdim=True)
+    # (0, 0): a word at two positions; (0, 1), (0, 3): placeholder 8 only by copying; (1, 2): 8 only at a
+    # non-copyable position (-inf); (1, 3): a padding target
+    target = torch.tensor([[4, 8, 3, 8], [5, 7, 8, PAD]])
+    leaves = (logits, z, attn)
+    results = []
+    for at_targets in (False, True):
+        lg, zz, aa = [x.clone().requires_grad_() for x in leaves]
+        vocab = torch.log_softmax(lg, -1)
+        if at_targets:
+            got = mixture_lprobs_at(target, vocab, zz, aa, src, copyable)
+        else:
+            got = full_mixture(vocab, zz, aa, src, copyable).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        finite = torch.isfinite(got)
+        got.masked_fill(~finite, 0).sum().backward()
+        results.append((got.detach(), finite, lg.grad, zz.grad, aa.grad))
+    (full, f1, *g1), (at, f2, *g2) = results
+    assert torch.equal(f1, f2) and not f1[1, 2] and f1.sum() == 7
+    floor = math.log(torch.finfo(torch.float32).tiny)
+    assert full[0, 1].item() == pytest.approx(floor + F.logsigmoid(-z[0, 1, 0]).item())
+    torch.testing.assert_close(at[f1], full[f1])
+    for a, b in zip(g1, g2):
+        assert torch.isfinite(a).all() and torch.isfinite(b).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_training_mode_skips_the_full_mixture_with_the_same_loss_and_gradients(word_level_bin):
+    """A copy decoder in training mode returns no B x T x V mixture; the criteria's loss and every gradient equal
+    those from the full mixture (eval mode, no dropout), and get_normalized_probs rebuilds the mixture."""
+    from helpers import build_task_and_model, first_batch
+
+    task, model, args = build_task_and_model(
+        word_level_bin / "bin", "copy_transformer", *TINY_MODEL, "--criterion", "force_copy", "--dropout", "0"
+    )
+    sample = first_batch(task)
+    for mode in ("none", "force"):
+        args.copy_supervision = mode
+        crit = task.build_criterion(args)
+        runs = {}
+        for training in (False, True):
+            model.train(training)
+            model.zero_grad()
+            out = model(**sample["net_input"])
+            assert (out[0] is None) == training
+            loss, _, log = crit(model, sample)
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            runs[training] = (out, loss.item(), float(log["nll_loss"]), grads)
+        (out_e, loss_e, nll_e, g_e), (out_t, loss_t, nll_t, g_t) = runs[False], runs[True]
+        assert loss_t == pytest.approx(loss_e, rel=1e-6) and nll_t == pytest.approx(nll_e, rel=1e-6), mode
+        assert g_t.keys() == g_e.keys() and len(g_t) > 0
+        for n in g_e:
+            torch.testing.assert_close(g_t[n], g_e[n], rtol=1e-5, atol=1e-7, msg=n)
+        torch.testing.assert_close(
+            model.get_normalized_probs(out_t, log_probs=True), model.get_normalized_probs(out_e, log_probs=True)
+        )
 
 
 def test_unk_is_never_a_copy_target(tiny_bin):

@@ -49,6 +49,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from ..models.copy_transformer import placeholder_mask, uncopyable_mask
+from ..modules.copy_generator import mixture_lprobs_at
 from .eki_label_smoothed_cross_entropy import EKILossConfig, check_concept_label, eki_token_loss, log_eki_metrics
 
 COPY_SUPERVISION = ChoiceEnum(["none", "force", "force-unk"])
@@ -88,7 +89,9 @@ def force_copy_terms(
     """Per-step terms, each ``B x T``.
 
     Args:
-        lprobs, vocab_lprobs: log P (Eq. 6) and log P_vocab (Eq. 4), ``B x T x V``
+        lprobs, vocab_lprobs: log P (Eq. 6) and log P_vocab (Eq. 4), ``B x T x V``; ``lprobs``
+            None (a copy decoder in training mode): log P(w*) from the other terms
+            (:func:`~fairseq_knowgen.modules.copy_generator.mixture_lprobs_at`)
         p_gen_logit: z of Eq. 5, ``B x T x 1``; copy_attn: alpha, ``B x T x S``
         src_tokens: ``B x S``; target: ``B x T``; copyable: ``B x S`` bool
         placeholders: ``V`` bool, the ``<unk-N>`` ids; unk: the ``<unk>`` id
@@ -102,7 +105,10 @@ def force_copy_terms(
     in_src = match.any(-1)
     is_placeholder = placeholders[target]
     reachable = in_src | ~is_placeholder  # P(w*) > 0: placeholders only by copying
-    gathered = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    if lprobs is None:
+        gathered = mixture_lprobs_at(target, vocab_lprobs, p_gen_logit, copy_attn, src_tokens, copyable)
+    else:
+        gathered = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     nll = torch.where(reachable, -gathered, torch.zeros_like(gathered))
     vocab_target = torch.where(is_placeholder, torch.full_like(target, unk), target)
     vocab = -vocab_lprobs.gather(-1, vocab_target.unsqueeze(-1)).squeeze(-1)
@@ -165,7 +171,7 @@ class ForceCopyCriterion(FairseqCriterion):
                     f"no '{key}' in output"
                 )
         target = model.get_targets(sample, net_output)
-        src_tokens = sample["net_input"]["src_tokens"]
+        src_tokens = extra.get("src_tokens", sample["net_input"]["src_tokens"])  # the ids copy_attn points at
         # the model's own mask when it gives one (EKI's also keeps <sep> out), else pad/EOS/BOS/<unk>
         copyable = extra["copyable"] if "copyable" in extra else ~self.uncopyable[src_tokens]
         t = force_copy_terms(

@@ -7,6 +7,11 @@ the mixture *log-probabilities* log P(w) as its first output, and ``p_gen`` (wit
 ``p_gen_logit``), the (renormalized) copy attention ``copy_attn`` and log P_vocab
 (``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
 
+In training mode the first output is None: the mixture over the whole vocabulary costs a
+dozen ``B x T x V`` operations that a loss at the targets does not need (the ``force_copy``
+criteria take log P(w*) from the extras, :func:`~fairseq_knowgen.modules.copy_generator.mixture_lprobs_at`);
+``get_normalized_probs`` computes the mixture from the extras for any other criterion.
+
 Decoding: ``get_normalized_probs`` is ``log_softmax`` of that first output (a no-op on a
 normalized distribution), so fairseq-generate's ``--temperature T``, which divides the
 decoder's first output by T, samples and searches P(w)^(1/T) / Z: the temperature of the
@@ -46,7 +51,7 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from ..modules.copy_generator import CopyGenerator, copyable_mask
+from ..modules.copy_generator import CopyGenerator, copyable_mask, full_mixture
 from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_attention
 
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
@@ -191,7 +196,8 @@ class CopyDecoderMixin:
         """Returns (log P(w) ``B x T x V``, extra) where extra holds ``p_gen`` and
         ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_lprobs``
         (``B x T x V``), ``copyable`` (``B x S`` bool, the source positions that may be
-        copied: the criterion's "w* in X" uses the same) and ``attn``."""
+        copied: the criterion's "w* in X" uses the same), ``src_tokens`` and ``attn``. In
+        training mode the first output is None (see the module docstring)."""
         x, extra = self.extract_features(
             prev_output_tokens,
             encoder_out=encoder_out,
@@ -215,17 +221,23 @@ class CopyDecoderMixin:
             src_tokens,
             copyable,
             self.placeholders,
+            full=not self.training,
         )
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             extra[key] = out[key]
-        extra["copyable"] = copyable
+        extra["copyable"], extra["src_tokens"] = copyable, src_tokens
         extra["attn"] = [out["copy_attn"]]
         return out["lprobs"], extra
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         """(Log-)softmax of the first output: the mixture itself, or P(w)^(1/T) / Z after
-        fairseq's sequence generator divided it by ``--temperature`` T."""
-        lprobs = net_output[0].float()
+        fairseq's sequence generator divided it by ``--temperature`` T. A training-mode output
+        (first output None) gets its mixture computed here from the extras."""
+        lprobs = net_output[0]
+        if lprobs is None:
+            e = net_output[1]
+            lprobs = full_mixture(e["vocab_lprobs"], e["p_gen_logit"], e["copy_attn"], e["src_tokens"], e["copyable"])
+        lprobs = lprobs.float()
         return torch.log_softmax(lprobs, dim=-1) if log_probs else torch.softmax(lprobs, dim=-1)
 
 

@@ -545,6 +545,68 @@ def test_loss_goes_down_and_only_cocon_learns(cocon_data):
     assert all(k.startswith(("decoder.block.", "discriminator.")) for k in cocon_before)
 
 
+@pytest.mark.parametrize("mask", ["aligned", "none"])
+def test_content_bag_of_words_loss_by_hand(cocon_data, mask):
+    """L_bow = -log of the probability mass on the distinct visible content tokens at or after the target's
+    column, computed here with loops over sets, independently of the criterion's tensor code."""
+    task, _ = build(cocon_data)
+    crit = CoConCriterion(task, cocon_self_mask=mask, cocon_bow_weight=1.0)
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    g = torch.Generator().manual_seed(3)
+    B, T, V, L = 2, 7, 12, 4
+    logits = torch.randn(B, T, V, generator=g) * 2
+    content = torch.tensor([[5, 6, 5, 7], [8, 9, eos, pad]])  # a repeated token; </s> and padding never count
+    t = torch.tensor([1, 2])
+    lengths = torch.tensor([6, 6])
+    pos = torch.arange(T)[None]
+    loss_mask = (pos >= t[:, None]) & (pos < lengths[:, None])
+    qmask = None
+    if mask == "aligned":
+        qmask = torch.zeros(B, T, L, dtype=torch.bool)
+        for b in range(B):
+            for p in range(T):
+                if 0 <= p - t[b] < L:
+                    qmask[b, p, p - t[b]] = True
+    got, steps = crit.bow_loss(logits, content, t, qmask, loss_mask)
+    want, n = 0.0, 0
+    probs = logits.softmax(-1)
+    for b in range(B):
+        for p in range(T):
+            if not loss_mask[b, p]:
+                continue
+            j = p - int(t[b])
+            visible = [k for k in range(L) if k >= j and not (mask == "aligned" and k == j)]
+            bag = {int(content[b, k]) for k in visible} - {pad, eos}
+            if bag:
+                want -= math.log(sum(float(probs[b, p, w]) for w in bag))
+                n += 1
+    assert int(steps) == n and n > 0
+    assert got.item() == pytest.approx(want, rel=1e-5)
+
+
+def test_bow_weight_adds_the_bow_loss_in_training_only(cocon_data):
+    task, model = build(cocon_data)
+    batch = first_batch(task)
+    off = CoConCriterion(task)
+    on = CoConCriterion(task, cocon_bow_weight=0.5)
+    runs = {}
+    for training in (True, False):
+        model.train(training)
+        for name, crit in (("off", off), ("on", on)):
+            torch.manual_seed(0)  # the same split points in both calls (training draws them)
+            with torch.no_grad():
+                loss, _, log = crit(model, batch)
+            runs[training, name] = (loss.item(), log)
+    model.eval()
+    (l_off, log_off), (l_on, log_on) = runs[True, "off"], runs[True, "on"]
+    assert "loss_bow" not in log_off and log_on["ntokens_bow"] > 0 and log_on["loss_bow"] > 0
+    assert l_on == pytest.approx(l_off + 0.5 * log_on["loss_bow"], rel=1e-5)
+    # validation: L_bow logged, not in the loss that picks checkpoints
+    assert runs[False, "on"][0] == pytest.approx(runs[False, "off"][0], rel=1e-6) and "loss_bow" in runs[False, "on"][1]
+    with pytest.raises(ValueError):
+        CoConCriterion(task, cocon_bow_weight=-1.0)
+
+
 # -- fairseq's search --------------------------------------------------------------------------------------------
 
 

@@ -57,8 +57,21 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   ``--cocon-disc-update-freq`` updates (the others give it a zero loss). Both adversarial losses
   are means over sentences, scaled by tokens per sentence so that after fairseq's division by the
   sample size they weigh as w x mean BCE.
+- **Content bag-of-words** (beyond the paper, off by default: ``--cocon-bow-weight``): on the
+  self-reconstruction pass, each step predicting x^b_j also gets
+  ``-log sum_{w in bag_j} p(w | c = x^b, x_<i)``, bag_j = the distinct tokens of the content
+  columns k >= j that the step may see (the aligned mask hides k = j, so then k > j; padding and
+  ``</s>`` excluded; a step with an empty bag adds nothing). It rewards putting mass on *any*
+  content token not yet reached, which needs the content but no alignment: a block that reads its
+  content uniformly and copies token identities lowers it, without the induction-like matching
+  (which column follows the current token?) that L_self asks for. After the bag-of-words
+  objective of PPLM (Dathathri et al., 2020), which the paper compares against; here a training
+  loss, not a decoding-time update. Logged as ``loss_bow`` (bits per step with a bag); it is
+  summed over those steps and divided by fairseq's sample size (every x^b step), so its weight
+  per step with a bag grows with the share of such steps.
 
-Validation computes L_self and L_null only. Counting is by fairseq's ``update_num`` (the task's
+Validation's loss is L_self + L_null only (checkpoints are picked by the paper's losses; L_bow is
+logged there too when weighted). Counting is by fairseq's ``update_num`` (the task's
 ``train_step`` calls :meth:`CoConCriterion.set_update_num`), never by steps within an epoch.
 """
 
@@ -122,6 +135,13 @@ class CoConCriterionConfig(FairseqDataclass):
     cocon_self_mask_prob: float = field(
         default=0.5, metadata={"help": "--cocon-self-mask random: probability that a content column is hidden"}
     )
+    cocon_bow_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of the content bag-of-words loss on the self-reconstruction pass (beyond the paper; "
+            "0 = off): -log of the mass on the visible content tokens not yet reached"
+        },
+    )
     cocon_min_prefix: int = field(default=0, metadata={"help": "shortest x^a (tokens)"})
     cocon_min_content: int = field(default=1, metadata={"help": "shortest content (tokens)"})
     cocon_max_content: int = field(default=32, metadata={"help": "longest content: x^b cut here"})
@@ -165,6 +185,7 @@ class CoConCriterion(FairseqCriterion):
         cocon_disc_update_freq=1,
         cocon_self_mask="aligned",
         cocon_self_mask_prob=0.5,
+        cocon_bow_weight=0.0,
         cocon_min_prefix=0,
         cocon_min_content=1,
         cocon_max_content=32,
@@ -183,6 +204,11 @@ class CoConCriterion(FairseqCriterion):
         if mode == "random" and not 0.0 <= cocon_self_mask_prob < 1.0:
             raise ValueError("--cocon-self-mask-prob must be in [0, 1)")
         self.self_mask, self.self_mask_prob = mode, float(cocon_self_mask_prob)
+        if cocon_bow_weight < 0:
+            raise ValueError("--cocon-bow-weight must be >= 0")
+        self.w_bow = float(cocon_bow_weight)
+        dictionary = getattr(task, "target_dictionary", None)
+        self.eos_idx = dictionary.eos() if dictionary is not None else -1
         self.min_prefix, self.min_content, self.max_content = cocon_min_prefix, cocon_min_content, cocon_max_content
         if self.min_content < 1 or self.max_content < self.min_content:
             raise ValueError("need 1 <= --cocon-min-content <= --cocon-max-content")
@@ -192,11 +218,40 @@ class CoConCriterion(FairseqCriterion):
         self.update_num = int(update_num)
 
     # -- pieces, each usable on its own in tests ----------------------------------------------
-    def nll(self, dec, h, pad_mask, target, loss_mask):
-        """Summed NLL of ``target`` where ``loss_mask`` from block output states ``h`` (``T x B x C``)."""
-        logits = dec.lm_logits(dec.upper(h, None, pad_mask)).float()
+    def logits(self, dec, h, pad_mask):
+        """``B x T x V`` float logits of the upper layers on block output states ``h`` (``T x B x C``)."""
+        return dec.lm_logits(dec.upper(h, None, pad_mask)).float()
+
+    def nll(self, dec, h, pad_mask, target, loss_mask, logits=None):
+        """Summed NLL of ``target`` where ``loss_mask`` from block output states ``h`` (or from ``logits``)."""
+        logits = self.logits(dec, h, pad_mask) if logits is None else logits
         nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
         return (nll * loss_mask).sum()
+
+    def content_bags(self, content, t, T, qmask):
+        """``B x T x L`` bool: content column k is in the bag of query position p (it predicts x^b_j,
+        j = p - t) when k >= j, the query may see k (``qmask``), c_k is neither padding nor ``</s>``,
+        and no earlier column of the same bag holds the same token (each token counted once)."""
+        B, L = content.shape
+        k = torch.arange(L, device=content.device)
+        j = torch.arange(T, device=content.device)[None, :] - t[:, None]  # B x T
+        real = content.ne(self.padding_idx) & content.ne(self.eos_idx)
+        bag = (k[None, None, :] >= j[:, :, None]) & real[:, None, :]
+        if qmask is not None:
+            bag = bag & ~qmask
+        earlier_same = content[:, :, None].eq(content[:, None, :]) & (k[None, :] < k[:, None])  # B x L(k) x L(k')
+        dup = (bag[:, :, None, :] & earlier_same[:, None]).any(-1)
+        return bag & ~dup
+
+    def bow_loss(self, logits, content, t, qmask, loss_mask):
+        """Content bag-of-words loss (module docstring), summed, and the number of steps it covers."""
+        B, T, _ = logits.shape
+        bag = self.content_bags(content, t, T, qmask)
+        # log p of the content tokens only (B x T x L): no second B x T x V log_softmax
+        g = logits.gather(2, content[:, None, :].expand(B, T, content.size(1))) - logits.logsumexp(-1, keepdim=True)
+        mass = torch.logsumexp(g.masked_fill(~bag, float("-inf")), dim=-1)  # B x T
+        steps = loss_mask & bag.any(-1)
+        return -(mass.masked_fill(~steps, 0.0)).sum(), steps.sum()
 
     def self_content(self, dec, target, n_words, t, generator=None):
         """The content x^b (``B x L``), its lower-layer states and padding mask, and the per-query
@@ -290,11 +345,17 @@ class CoConCriterion(FairseqCriterion):
         sample_size = int(loss_mask.sum())
 
         h, pad_mask = dec.lower(prev)  # T x B x C, the frozen LM's lower states
-        _, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t, gen)
+        content, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t, gen)
         h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
-        l_self = self.nll(dec, h_self, pad_mask, target, loss_mask)
+        self_logits = self.logits(dec, h_self, pad_mask)
+        l_self = self.nll(dec, h_self, pad_mask, target, loss_mask, logits=self_logits)
         loss = self.w_self * l_self
         log = {"loss_self": l_self.item()}
+        if self.w_bow:
+            l_bow, n_bow = self.bow_loss(self_logits, content, t, qmask, loss_mask)
+            if training:  # validation's loss (checkpoint selection) stays the paper's, whatever the weight
+                loss = loss + self.w_bow * l_bow
+            log["loss_bow"], log["ntokens_bow"] = l_bow.item(), int(n_bow)
         if self.w_null:
             h_null, _ = dec.block(h)
             l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
@@ -340,6 +401,9 @@ class CoConCriterion(FairseqCriterion):
         if any("loss_cycle" in log for log in logging_outputs):
             n = total("ntokens_cycle")
             metrics.log_scalar("loss_cycle", total("loss_cycle") / max(n, 1) / math.log(2), n, round=3)
+        if any("loss_bow" in log for log in logging_outputs):
+            n = total("ntokens_bow")
+            metrics.log_scalar("loss_bow", total("loss_bow") / max(n, 1) / math.log(2), n, round=3)
         for key in ("loss_adv", "loss_disc"):
             if any(key in log for log in logging_outputs):
                 metrics.log_scalar(key, total(key) / max(nsent, 1), nsent, round=3)

@@ -203,19 +203,25 @@ def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4, sizes: str =
     return flags
 
 
-def make_data(kind: str, workdir: str, n_train: int, n_valid: int):
-    """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry."""
+def make_data(kind: str, workdir: str, n_train: int, n_valid: int, vocab: int = 0):
+    """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry (``vocab``: see
+    :func:`make_synthetic_data`; the built-in sets only)."""
     if ":" not in kind:
-        return make_synthetic_data(workdir, n_train, n_valid, kind), {}
+        return make_synthetic_data(workdir, n_train, n_valid, kind, vocab), {}
+    if vocab:
+        raise ValueError(f"--vocab pads the built-in synthetic data only, not {kind}")
     out = _function(kind)(workdir, n_train, n_valid)
     return out if isinstance(out, tuple) else (out, {})
 
 
-def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples") -> str:
+def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples", vocab: int = 0) -> str:
     """The built-in triples-to-text data set, binarized with a joined dictionary.
 
     ``kind="eki"``: sources become retrieve-and-edit inputs ``objects <sep> prototype``
     (the triples' objects as concepts, another example's target as the prototype).
+    ``vocab``: pad the dictionary (a few hundred types) to ``vocab`` entries with fairseq's unused
+    ``madeupword`` symbols (``fairseq-preprocess --padding-factor``), so that costs growing with the
+    vocabulary (output layer, a copy head's mixture) weigh as on real data (CommonGen: 7,496 BPE types).
     """
     from .demo_data import make_dataset
 
@@ -245,6 +251,7 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "t
             out,
             "--workers",
             "1",
+            *(["--padding-factor", str(vocab)] if vocab else []),
         ],
         check=True,
         capture_output=True,
@@ -420,7 +427,8 @@ def compare(script: str, opts) -> Dict:
     if not opts.data:
         own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
         opts.data, opts.data_args = make_data(
-            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid
+            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid,
+            getattr(opts, "vocab", 0),
         )
     runs = {"arch": [], "base": []}
     order = []

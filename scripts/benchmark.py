@@ -8,6 +8,7 @@ another profiled arch), interleaved, and print one final JSON line of ratios (ar
     python scripts/benchmark.py --arch transformer_dimattn --data data-bin/webnlg
     python scripts/benchmark.py --arch copy_transformer_small --against transformer_pointer_generator --quick
     python scripts/benchmark.py --arch eki_transformer+copy+dimattn --quick   # vs eki_transformer
+    python scripts/benchmark.py --arch eki_transformer+copy --quick --vocab 8000   # a real-size vocabulary
 
 ``--arch BASE+METHOD[+METHOD]`` measures a composed configuration (the methods switched on by
 flags, see ``fairseq_knowgen.benchmarking``) against BASE, the same model with them off.
@@ -59,6 +60,13 @@ def get_parser():
     )
     p.add_argument("--n-train", type=int, default=2000, help="synthetic training examples")
     p.add_argument("--n-valid", type=int, default=200, help="synthetic valid examples")
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="pad the synthetic data's dictionary to this many types (e.g. 8000, as CommonGen's BPE), so that "
+        "costs growing with the vocabulary show; default: its own few hundred",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data-args", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)

@@ -147,3 +147,16 @@ def test_benchmark_cli_measures_a_composed_configuration_against_its_base(eki_bi
 def test_unknown_composed_name_is_refused():
     proc = run_cli("scripts/benchmark.py", "--arch", "eki_transformer+nothing", "--quick", check=False)
     assert proc.returncode == 2 and "invalid choice: 'eki_transformer+nothing'" in proc.stderr
+
+
+def test_vocab_pads_the_synthetic_dictionary_to_a_real_size(tmp_path):
+    """--vocab N: the synthetic set's joined dictionary (a few hundred types) becomes N entries, so that costs
+    growing with the vocabulary show (the copy head's full mixture hid behind ~300 types)."""
+    from fairseq.data import Dictionary
+
+    plain, _ = benchmarking.make_data("triples", str(tmp_path / "plain"), 60, 10)
+    padded, _ = benchmarking.make_data("triples", str(tmp_path / "padded"), 60, 10, vocab=1000)
+    n_plain = len(Dictionary.load(f"{plain}/dict.src.txt"))
+    assert n_plain < 1000 and len(Dictionary.load(f"{padded}/dict.src.txt")) == 1000
+    with pytest.raises(ValueError, match="synthetic data only"):
+        benchmarking.make_data("fairseq_knowgen.prep.cocon:make_benchmark_data", str(tmp_path / "c"), 10, 10, vocab=1000)

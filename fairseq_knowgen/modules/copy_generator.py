@@ -136,7 +136,7 @@ class CopyGenerator(nn.Module):
             P_vocab), ``p_gen`` and its logit ``p_gen_logit`` (z of Eq. 5, ``B x T x 1``)
             and ``copy_attn`` (alpha renormalized, ``B x T x S``).
         """
-        bsz, tgt_len, vocab_size = vocab_logits.shape
+        bsz, tgt_len, _ = vocab_logits.shape
         assert attn.shape == (bsz, tgt_len, src_tokens.size(1)), (attn.shape, src_tokens.shape)
         assert copyable.shape == src_tokens.shape, (copyable.shape, src_tokens.shape)
         alpha = attn.float() * copyable.unsqueeze(1)

@@ -19,7 +19,8 @@ RECIPE_ENV = dict(
     MAX_UPDATE="3",
     MINUTES="5",
     BEAM="2",
-    TRAIN_ARGS="--max-tokens 2000 --warmup-updates 1",
+    MAX_TOKENS="2000",
+    WARMUP="1",
 )
 
 
@@ -291,13 +292,14 @@ def test_commongen_constraint_form_prototype_reaches_the_constraint_file_and_the
 
 def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(tmp_path):
     """CHECKPOINT=last: stages 6-7 read checkpoint_last.pt and write valid.last.out / valid.last.scores.json (and
-    valid.cons.last.* with constraints), leaving the best checkpoint's outputs as they were; a value other than
-    best or last stops with exit 2."""
+    valid.cons.last.* with constraints), leaving the best checkpoint's outputs as they were; CHECKPOINT=avg2 after
+    KEEP_EPOCHS=2 averages the two newest checkpoints and decodes the average into valid.avg2.out; avg3 with two
+    checkpoints, or a value other than best, last or avgN, stops with exit 2."""
     bad = subprocess.run(
         ["bash", "examples/commongen/run.sh", tmp_path, tmp_path, tmp_path],
         cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CHECKPOINT="newest", STAGE="6"),
     )  # fmt: skip
-    assert bad.returncode == 2 and "CHECKPOINT must be best or last" in bad.stdout
+    assert bad.returncode == 2 and "CHECKPOINT must be best, last or avgN" in bad.stdout
     rng = random.Random(4)
     data = tmp_path / "data"
     data.mkdir()
@@ -306,14 +308,27 @@ def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(
     corpus = tmp_path / "wiki.txt"
     corpus.write_text("the dog runs in the park with a ball .\n")
     out = tmp_path / "out"
-    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50")
+    # KEEP_EPOCHS=2 and the recipe's own hyper-parameter variables reach fairseq-train
+    run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", KEEP_EPOCHS="2", LR="7e-4",
+               DROPOUT="0.15")  # fmt: skip
     run_dir = out / "runs" / "transformer"
+    train_log = (run_dir / "train.log").read_text()
+    for value in ("'lr': [0.0007]", "'dropout': 0.15,", "'warmup_updates': 1,", "'max_tokens': 2000,"):
+        assert value in train_log, value
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint[0-9]*.pt")) == [
+        "checkpoint2.pt", "checkpoint3.pt"]  # fmt: skip
     best_out = (run_dir / "valid.out").read_text()
-    for cons, suffix in (("0", ""), ("1", ".cons")):
+    for cons, ck in (("0", "last"), ("1", "last"), ("0", "avg2")):
+        suffix = ".cons" if cons == "1" else ""
         run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STAGE="6", CONSTRAINTS=cons,
-                   CHECKPOINT="last")  # fmt: skip
-        log = (run_dir / f"valid{suffix}.last.out.log").read_text()
+                   CHECKPOINT=ck)  # fmt: skip
+        log = (run_dir / f"valid{suffix}.{ck}.out.log").read_text()
         loaded = [line for line in log.splitlines() if "loading model(s) from" in line]
-        assert loaded and all(line.endswith("checkpoints/checkpoint_last.pt") for line in loaded), loaded
-        assert (run_dir / f"valid{suffix}.last.scores.json").exists()
+        assert loaded and all(line.endswith(f"checkpoints/checkpoint_{ck}.pt") for line in loaded), loaded
+        assert (run_dir / f"valid{suffix}.{ck}.scores.json").exists()
     assert (run_dir / "valid.out").read_text() == best_out
+    # three distinct checkpoints are not there: a clear error, nothing decoded
+    proc = subprocess.run(["bash", "examples/commongen/run.sh", data, out, corpus], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, **RECIPE_ENV, STAGE="6", CHECKPOINT="avg3"))  # fmt: skip
+    assert proc.returncode == 2 and "3 checkpoints with distinct update counts needed, found 2" in proc.stderr
+    assert not (run_dir / "valid.avg3.out").exists()

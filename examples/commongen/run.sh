@@ -29,8 +29,11 @@
 #                       prototype) and decodes into SPLIT.cons-prototype.out
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--no-repeat-ngram-size 3" DECODE_NAME=norep3)
-#       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss) or last (outputs
-#                  SPLIT[.cons][.DECODE_NAME].last.out); choose between them on dev, never on a test split
+#       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss), last, or avgN (the
+#                  average of the N newest checkpoints; train with KEEP_EPOCHS=N); outputs
+#                  SPLIT[.cons][.DECODE_NAME][.last|.avgN].out; choose between them on dev, never on a test split
+#       LR=1e-3 WARMUP=1000 DROPOUT=0.2 MAX_TOKENS=4096 SEED=1   training (adam, inverse square root schedule)
+#       KEEP_EPOCHS=0   K > 0: keep the last K epoch checkpoints (for CHECKPOINT=avgN)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #   Examples:

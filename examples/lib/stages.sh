@@ -6,8 +6,13 @@
 # Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
 # DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
 # (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
-# CHECKPOINT=best (default: the best dev loss, checkpoint_best.pt) or last (checkpoint_last.pt) is the checkpoint the
-# decoding stages read; last adds .last to the suffix (runs/NAME/SPLIT[.cons][.DECODE_NAME].last.out).
+# CHECKPOINT=best (default: the best dev loss, checkpoint_best.pt), last (checkpoint_last.pt) or avgN (the average of
+# the N newest checkpoints, written to checkpoint_avgN.pt by python -m fairseq_knowgen.checkpoint_average; needs a
+# training with KEEP_EPOCHS >= N - 1) is the checkpoint the decoding stages read; last and avgN add .last / .avgN to
+# the suffix (runs/NAME/SPLIT[.cons][.DECODE_NAME].last.out).
+# Training hyper-parameters (stage_train; defaults: the recipes' one-core settings, README "Results at one hour of
+# one core"): LR=1e-3 WARMUP=1000 (inverse square root schedule) DROPOUT=0.2 MAX_TOKENS=4096 (per update, per
+# process) SEED=1; KEEP_EPOCHS=0 (K > 0: keep the last K epoch checkpoints, for CHECKPOINT=avgN).
 CONS=$([ "${CONSTRAINTS:-0}" = 1 ] && echo .cons || true)
 if [ -n "${DECODE_ARGS:-}" ]; then
   [ -n "${DECODE_NAME:-}" ] || { echo "DECODE_ARGS needs a DECODE_NAME (the suffix of its outputs)"; exit 2; }
@@ -15,7 +20,10 @@ if [ -n "${DECODE_ARGS:-}" ]; then
 fi
 CHECKPOINT=${CHECKPOINT:-best}
 case $CHECKPOINT in best) ;; last) CONS="$CONS.last" ;;
-  *) echo "CHECKPOINT must be best or last"; exit 2 ;; esac
+  avg[1-9]|avg[1-9][0-9]) CONS="$CONS.$CHECKPOINT" ;;
+  *) echo "CHECKPOINT must be best, last or avgN (N = 1-99)"; exit 2 ;; esac
+LR=${LR:-1e-3}; WARMUP=${WARMUP:-1000}; DROPOUT=${DROPOUT:-0.2}; MAX_TOKENS=${MAX_TOKENS:-4096}; SEED=${SEED:-1}
+KEEP_EPOCHS=${KEEP_EPOCHS:-0}
 
 PY=$ROOT/.venv/bin/python
 BIN=$ROOT/.venv/bin
@@ -39,7 +47,7 @@ require_file() {
 require_stage1() { require_file "$OUT/raw/eval_splits" 1; }
 
 # train_logged RUN_DIR fairseq-train-args...: fairseq-train --user-dir fairseq_knowgen into RUN_DIR/checkpoints
-# (no epoch checkpoints, no progress bar, any batch size, $DEVICE_ARGS last), its log in RUN_DIR/train.log and its
+# (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log in RUN_DIR/train.log and its
 # train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
 # log's last lines, when fairseq-train fails or leaves no checkpoint_best.pt.
 train_logged() {
@@ -49,8 +57,10 @@ train_logged() {
   # without a checkpoint_last.pt to resume from (fairseq keeps the best of the run it resumes) an older best
   # checkpoint is another run's: removed
   [ -f "$run/checkpoints/checkpoint_last.pt" ] || rm -f "$run/checkpoints/checkpoint_best.pt"
+  local epochs=--no-epoch-checkpoints
+  [ "${KEEP_EPOCHS:-0}" = 0 ] || epochs="--keep-last-epochs $KEEP_EPOCHS"
   # shellcheck disable=SC2086
-  if ! $BIN/fairseq-train --user-dir fairseq_knowgen --save-dir "$run/checkpoints" --no-epoch-checkpoints \
+  if ! $BIN/fairseq-train --user-dir fairseq_knowgen --save-dir "$run/checkpoints" $epochs \
     --no-progress-bar --required-batch-size-multiple 1 "$@" $DEVICE_ARGS 2>&1 | tee "$run/train.log" \
     | { grep -E "\| (train|valid) \|" || true; }; then
     echo "fairseq-train failed; the last lines of $run/train.log:"
@@ -115,14 +125,14 @@ stage_constraints() {
 # fails (with the log's last lines) when fairseq-train fails (train_logged)
 stage_train() {
   # shellcheck disable=SC2086
-  train_logged "$RUN" "$DATA_BIN" --seed 1 $TASK_ARGS \
+  train_logged "$RUN" "$DATA_BIN" --seed "$SEED" $TASK_ARGS \
     --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
     --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
     --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
-    --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout 0.2 \
+    --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout "$DROPOUT" \
     --criterion "$CRITERION" $CRITERION_ARGS \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 \
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --log-interval 100 \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
+    --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --log-interval 100 \
     $TRAIN_ARGS
 }
 
@@ -137,6 +147,10 @@ stage_generate() {
   fi
   if [ "${CONSTRAINTS:-0}" = 1 ] || [ -n "${DECODE_ARGS:-}${GEN_ARGS:-}" ]; then
     [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
+  fi
+  if [[ $CHECKPOINT == avg* ]]; then  # rebuilt each time: the run may have trained on since
+    $PY -m fairseq_knowgen.checkpoint_average --dir "$RUN/checkpoints" --last "${CHECKPOINT#avg}" \
+      --out "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" || exit 2
   fi
   # GEN_ARGS: the recipe's own decoding defaults (no suffix); DECODE_ARGS: the user's (suffix DECODE_NAME)
   # shellcheck disable=SC2086

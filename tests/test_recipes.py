@@ -313,7 +313,7 @@ def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(
                DROPOUT="0.15")  # fmt: skip
     run_dir = out / "runs" / "transformer"
     train_log = (run_dir / "train.log").read_text()
-    for value in ("'lr': [0.0007]", "'dropout': 0.15,", "'warmup_updates': 1,", "'max_tokens': 2000,"):
+    for value in ("'lr': [0.0007]", "dropout=0.15,", "'warmup_updates': 1,", "'max_tokens': 2000,"):
         assert value in train_log, value
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint[0-9]*.pt")) == [
         "checkpoint2.pt", "checkpoint3.pt"]  # fmt: skip

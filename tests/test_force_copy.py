@@ -513,6 +513,44 @@ def test_mixture_at_the_targets_equals_the_full_mixture_and_its_gradients():
         torch.testing.assert_close(a, b)
 
 
+def test_full_mixture_equals_the_mixture_at_every_word_with_its_gradients():
+    """The full Eq. 6 (written back once per distinct copyable source word) against log P(w) computed word by word:
+    every word of the vocabulary, values and the gradients of a random weighting, with a word at two copyable
+    positions, a word at a copyable and a non-copyable position, a placeholder only copied, one with zero
+    attention (the floor) and a word only at non-copyable positions."""
+    g = torch.Generator().manual_seed(1)
+    B, T, S, V = 2, 3, 6, 10
+    logits = torch.randn(B, T, V, generator=g)
+    logits[..., 8:] = -math.inf  # placeholders 8, 9: outside the fixed vocabulary
+    z = torch.randn(B, T, 1, generator=g)
+    src = torch.tensor([[4, 5, 8, 4, 9, EOS], [7, 8, 5, 7, PAD, PAD]])
+    copyable = torch.tensor([[True, True, True, True, True, False], [False, False, True, True, False, False]])
+    attn = torch.rand(B, T, S, generator=g) * copyable.unsqueeze(1)
+    attn[0, 2, 4] = 0.0  # placeholder 9 at step (0, 2): the floor
+    attn = attn / attn.sum(-1, keepdim=True)
+    weights = torch.rand(B, T, V, generator=g)
+    results = []
+    for word_by_word in (False, True):
+        lg, zz, aa = [x.clone().requires_grad_() for x in (logits, z, attn)]
+        vocab = torch.log_softmax(lg, -1)
+        if word_by_word:
+            got = torch.stack(
+                [mixture_lprobs_at(torch.full((B, T), w), vocab, zz, aa, src, copyable) for w in range(V)], dim=-1
+            )
+        else:
+            got = full_mixture(vocab, zz, aa, src, copyable)
+        finite = torch.isfinite(got)
+        (got.masked_fill(~finite, 0) * weights).sum().backward()
+        results.append((got.detach(), finite, lg.grad, zz.grad, aa.grad))
+    (full, f1, *g1), (each, f2, *g2) = results
+    assert torch.equal(f1, f2)
+    assert not f1[1, :, 8].any() and f1[1, :, 7].all() and f1[0, 2, 9]  # 8 only at a non-copyable position in 1
+    torch.testing.assert_close(full[f1], each[f1])
+    assert full.exp().sum(-1).sub(1).abs().max() < 1e-5
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+
+
 def test_training_mode_skips_the_full_mixture_with_the_same_loss_and_gradients(word_level_bin):
     """A copy decoder in training mode returns no B x T x V mixture; the criteria's loss and every gradient equal
     those from the full mixture (eval mode, no dropout), and get_normalized_probs rebuilds the mixture."""

@@ -33,12 +33,13 @@ Choices the text leaves open (documented here, flags of ``copy_transformer``):
   only by copying. With subword (BPE) input every piece is in the vocabulary, and the head
   copies pieces.
 
-Cost: Eq. 6 over the whole vocabulary is a dozen ``B x T x V`` operations (and their
-gradients) on top of the ``log_softmax`` of P_vocab. Training only needs log P at the target
-(:func:`mixture_lprobs_at`, ``B x T``), so ``CopyGenerator(..., full=False)`` skips the full
-mixture; :func:`full_mixture` computes it from the same parts when a caller needs it (decoding,
-another criterion). Measured on CommonGen (EKI input, 8,000 BPE types): the full mixture made a
-training step ~2.7x slower than EKI without the copy head.
+Cost: training only needs log P at the target (:func:`mixture_lprobs_at`, ``B x T``), so
+``CopyGenerator(..., full=False)`` skips the full mixture; :func:`full_mixture` computes it
+from the same parts when a caller needs it (decoding, another criterion), with one ``B x T x
+V`` addition and a scatter beyond the ``log_softmax`` of P_vocab, the log-sum itself only at
+the source words. Measured on CommonGen (EKI input, 8,000 BPE types): the full mixture written
+densely (a dozen ``B x T x V`` operations and their gradients) made a training step ~2.7x
+slower than EKI without the copy head.
 """
 
 from typing import Dict, Optional
@@ -83,18 +84,30 @@ def mixture_lprobs_at(
 def full_mixture(
     vocab_lprobs: Tensor, p_gen_logit: Tensor, copy_attn: Tensor, src_tokens: Tensor, copyable: Tensor
 ) -> Tensor:
-    """log P(w) of Eq. 6 for every word of the vocabulary: ``B x T x V``."""
+    """log P(w) of Eq. 6 for every word of the vocabulary: ``B x T x V``.
+
+    Only the words of the source have a copy part, so the mixture is computed where it
+    differs from the generation part: log p_gen + log P_vocab over the vocabulary (one
+    ``B x T x V`` addition), then Eq. 6's log-sum at the source positions (``B x T x S``),
+    written back once per distinct copyable word (its first copyable position; the others
+    write into a spare column that is cut off, so that no gradient is counted twice).
+    Values and gradients equal :func:`mixture_lprobs_at` at every word."""
     bsz, tgt_len, vocab_size = vocab_lprobs.shape
-    alpha = copy_attn.float()
-    index = src_tokens.unsqueeze(1).expand(bsz, tgt_len, -1)
-    copy_probs = torch.zeros_like(vocab_lprobs).scatter_add_(2, index, alpha)  # B x T x V
-    in_source = torch.zeros(bsz, vocab_size, device=alpha.device).scatter_add_(1, src_tokens, copyable.float())
-    # log of the copy mass: floored at the smallest normal float for words of the source
-    # (an attention weight may underflow), exactly -inf for the others
-    tiny = torch.finfo(copy_probs.dtype).tiny
-    copy_lprobs = copy_probs.clamp_min(tiny).log().masked_fill(in_source.eq(0).unsqueeze(1), float("-inf"))
+    src_len = src_tokens.size(1)
     z = p_gen_logit.float()
-    return log_add(F.logsigmoid(z) + vocab_lprobs, F.logsigmoid(-z) + copy_lprobs)
+    generated = F.logsigmoid(z) + vocab_lprobs  # B x T x V
+    # same[b, i, j]: position j is copyable and holds the word of position i
+    same = (src_tokens.unsqueeze(2) == src_tokens.unsqueeze(1)) & copyable.unsqueeze(1)  # B x S x S
+    mass = torch.bmm(copy_attn.float(), same.transpose(1, 2).float())  # B x T x S: the copy mass of x_i's word
+    # floored at the smallest normal float (an attention weight may underflow): never -inf for a source word
+    tiny = torch.finfo(mass.dtype).tiny
+    index = src_tokens.unsqueeze(1).expand(bsz, tgt_len, src_len)
+    mixed = log_add(generated.gather(2, index), F.logsigmoid(-z) + mass.clamp_min(tiny).log())  # B x T x S
+    earlier = torch.ones(src_len, src_len, dtype=torch.bool, device=same.device).tril(-1)  # j < i
+    writer = copyable & ~(same & earlier).any(2)  # B x S: the first copyable position of each word
+    write_to = torch.where(writer.unsqueeze(1), index, torch.full_like(index, vocab_size))
+    spare = generated.new_zeros(bsz, tgt_len, 1)
+    return torch.cat([generated, spare], dim=2).scatter(2, write_to, mixed)[..., :vocab_size].contiguous()
 
 
 class CopyGenerator(nn.Module):

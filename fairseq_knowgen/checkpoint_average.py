@@ -19,7 +19,8 @@ The output is the newest checkpoint's state (config, update count, extra state) 
 averaged model and without the optimizer state (decoding does not need it; resuming from an
 average is not meant). It is written to a temporary file and renamed, so a failed run leaves
 an earlier output as it was. Fewer than N distinct checkpoints, a checkpoint without
-``num_updates`` or with other parameter names or shapes: ``error: FILE: ...`` and exit 2.
+``num_updates``, one that cannot be read, or with other parameter names or shapes:
+``error: FILE: ...`` and exit 2.
 """
 
 import argparse
@@ -43,7 +44,9 @@ def num_updates(state: dict, path: str) -> int:
     try:
         return int(state["optimizer_history"][-1]["num_updates"])
     except (KeyError, IndexError, TypeError):
-        raise CheckpointAverageError(f"{path}: no optimizer_history[-1]['num_updates']: not a fairseq training checkpoint")
+        raise CheckpointAverageError(
+            f"{path}: no optimizer_history[-1]['num_updates']: not a fairseq training checkpoint"
+        )
 
 
 def candidate_paths(directory: str) -> List[str]:
@@ -58,7 +61,10 @@ def newest_distinct(paths: List[str], n: int) -> List[Tuple[int, str, dict]]:
     count, newest first."""
     by_updates: Dict[int, Tuple[str, dict]] = {}
     for path in paths:
-        state = torch.load(path, map_location="cpu")
+        try:
+            state = torch.load(path, map_location="cpu")
+        except Exception as err:  # truncated or not a torch file: torch.load raises many kinds
+            raise CheckpointAverageError(f"{path}: cannot be read as a checkpoint: {str(err).splitlines()[0]}")
         by_updates.setdefault(num_updates(state, path), (path, state))
     if len(by_updates) < n:
         found = ", ".join(f"{os.path.basename(p)} ({u} updates)" for u, (p, _) in sorted(by_updates.items()))
@@ -82,7 +88,9 @@ def average_models(models: List[Tuple[str, Dict[str, torch.Tensor]]]) -> Dict[st
         tensors = [m[key] for _, m in models]
         for (path, _), t in zip(models, tensors):
             if t.shape != tensor.shape:
-                raise CheckpointAverageError(f"{path}: {key} has shape {tuple(t.shape)}, {first_path} {tuple(tensor.shape)}")
+                raise CheckpointAverageError(
+                    f"{path}: {key} has shape {tuple(t.shape)}, {first_path} {tuple(tensor.shape)}"
+                )
         if tensor.is_floating_point():
             averaged[key] = (sum(t.double() for t in tensors) / len(tensors)).to(tensor.dtype)
         else:

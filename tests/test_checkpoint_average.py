@@ -79,3 +79,10 @@ def test_checkpoints_that_do_not_match_are_refused_naming_the_file(tmp_path, oth
     proc = cli("--dir", tmp_path, "--last", 2, "--out", tmp_path / "avg.pt")
     assert proc.returncode == 2 and message in proc.stderr and "checkpoint1.pt" in proc.stderr, proc.stderr
     assert not (tmp_path / "avg.pt").exists()
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+    save(tmp_path / "checkpoint1.pt", 10, 1)
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"half a checkpoint")
+    proc = cli("--dir", tmp_path, "--last", 2, "--out", tmp_path / "avg.pt")
+    assert proc.returncode == 2 and f"error: {tmp_path / 'checkpoint_last.pt'}: cannot be read" in proc.stderr

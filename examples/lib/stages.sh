@@ -7,8 +7,8 @@
 # DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
 # (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
 # CHECKPOINT=best (default: the best dev loss, checkpoint_best.pt), last (checkpoint_last.pt) or avgN (the average of
-# the N newest checkpoints, written to checkpoint_avgN.pt by python -m fairseq_knowgen.checkpoint_average; needs a
-# training with KEEP_EPOCHS >= N - 1) is the checkpoint the decoding stages read; last and avgN add .last / .avgN to
+# the N newest checkpoints, written to checkpoint_avgN.pt by python -m fairseq_knowgen.checkpoint_average; train
+# with KEEP_EPOCHS=N) is the checkpoint the decoding stages read; last and avgN add .last / .avgN to
 # the suffix (runs/NAME/SPLIT[.cons][.DECODE_NAME].last.out).
 # Training hyper-parameters (stage_train; defaults: the recipes' one-core settings, README "Results at one hour of
 # one core"): LR=1e-3 WARMUP=1000 (inverse square root schedule) DROPOUT=0.2 MAX_TOKENS=4096 (per update, per
@@ -47,8 +47,8 @@ require_file() {
 require_stage1() { require_file "$OUT/raw/eval_splits" 1; }
 
 # train_logged RUN_DIR fairseq-train-args...: fairseq-train --user-dir fairseq_knowgen into RUN_DIR/checkpoints
-# (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log in RUN_DIR/train.log and its
-# train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
+# (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log in
+# RUN_DIR/train.log and its train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
 # log's last lines, when fairseq-train fails or leaves no checkpoint_best.pt.
 train_logged() {
   local run=$1; shift
@@ -148,7 +148,9 @@ stage_generate() {
   if [ "${CONSTRAINTS:-0}" = 1 ] || [ -n "${DECODE_ARGS:-}${GEN_ARGS:-}" ]; then
     [[ "$TASK_ARGS" == *--task* ]] || constrain+=(--task translation_constrained)
   fi
-  if [[ $CHECKPOINT == avg* ]]; then  # rebuilt each time: the run may have trained on since
+  # the average is built once per training state: again only when checkpoint_last.pt is newer (trained on since)
+  if [[ $CHECKPOINT == avg* ]] && ! [ "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" -nt \
+    "$RUN/checkpoints/checkpoint_last.pt" ]; then
     $PY -m fairseq_knowgen.checkpoint_average --dir "$RUN/checkpoints" --last "${CHECKPOINT#avg}" \
       --out "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" || exit 2
   fi

@@ -114,6 +114,9 @@ def test_webnlg_recipe_scores_test_seen_and_unseen_without_heldout(webnlg_data, 
         scores = json.loads((out / "runs" / "transformer" / f"{split}.scores.json").read_text())
         assert scores, split
         assert len((out / "runs" / "transformer" / f"{split}.out").read_text().splitlines()) >= n_inputs
+    # WebNLG trains with stages.sh's defaults (CommonGen has its own tuned ones; WARMUP is set by RECIPE_ENV)
+    log = (out / "runs" / "transformer" / "train.log").read_text()
+    assert "'lr': [0.001]" in log and "dropout=0.2," in log
 
 
 def test_webnlg_without_heldout_or_test_split_binarizes_dev_only(webnlg_data, tmp_path):
@@ -196,6 +199,9 @@ def test_commongen_recipe_scores_a_test_split(tmp_path):
     out = tmp_path / "out"
     run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", MAX_SHARED="1")
     assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "test"]
+    # CommonGen's own tuned defaults reach fairseq-train (README "Tuning the one-hour recipe")
+    log = (out / "runs" / "transformer" / "train.log").read_text()
+    assert "'lr': [0.002]" in log and "dropout=0.3," in log
     for split, n in (("valid", 5), ("test", 4)):
         scores = json.loads((out / "runs" / "transformer" / f"{split}.scores.json").read_text())
         assert scores, split

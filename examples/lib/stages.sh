@@ -12,7 +12,8 @@
 # the suffix (runs/NAME/SPLIT[.cons][.DECODE_NAME].last.out).
 # Training hyper-parameters (stage_train; defaults: the recipes' one-core settings, README "Results at one hour of
 # one core"): LR=1e-3 WARMUP=1000 (inverse square root schedule) DROPOUT=0.2 MAX_TOKENS=4096 (per update, per
-# process) SEED=1; KEEP_EPOCHS=0 (K > 0: keep the last K epoch checkpoints, for CHECKPOINT=avgN).
+# process) SEED=1; KEEP_EPOCHS=0 (K > 0: keep the last K epoch checkpoints, for CHECKPOINT=avgN). A recipe may set
+# its own before sourcing this file (examples/commongen/run.sh: LR=2e-3 WARMUP=500 DROPOUT=0.3, tuned on its dev).
 CONS=$([ "${CONSTRAINTS:-0}" = 1 ] && echo .cons || true)
 if [ -n "${DECODE_ARGS:-}" ]; then
   [ -n "${DECODE_NAME:-}" ] || { echo "DECODE_ARGS needs a DECODE_NAME (the suffix of its outputs)"; exit 2; }

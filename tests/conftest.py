@@ -41,11 +41,22 @@ TRAIN_COMMON = [
 ]
 
 
+# fairseq prefetches batches in a daemon thread (--data-buffer-size, default 10). A training that stops
+# within a second (the tests' --max-update 1-9) can exit while that thread is inside torch's C++ code;
+# Python 3.11's shutdown then ends the thread with pthread_exit, which aborts the process (SIGABRT,
+# "terminate called without an active exception", exit -6) after every file is written: a flaky failure
+# under load (CI, 2026-12-02). Without the buffer the batches are the same, read in the main thread.
+NO_PREFETCH_THREAD = ["--data-buffer-size", "0"]
+
+
 def run_cli(tool, *args, check=True, timeout=600, env=None):
-    """Run a fairseq-* entry point (or a python script) from the repository root."""
+    """Run a fairseq-* entry point (or a python script) from the repository root; fairseq-train
+    without its prefetch thread (NO_PREFETCH_THREAD) unless the caller sets --data-buffer-size."""
     cmd = [os.path.join(BIN, tool)] if tool.startswith("fairseq-") else [sys.executable, tool]
     if tool == "-m":
         cmd = [sys.executable, "-m"]
+    if tool == "fairseq-train" and "--data-buffer-size" not in map(str, args):
+        args = (*args, *NO_PREFETCH_THREAD)
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     # its own process group, killed whole on timeout (subprocess.run would kill only the direct child)
     with subprocess.Popen(

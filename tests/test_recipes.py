@@ -21,6 +21,7 @@ RECIPE_ENV = dict(
     BEAM="2",
     MAX_TOKENS="2000",
     WARMUP="1",
+    TRAIN_ARGS="--data-buffer-size 0",  # no prefetch thread to abort a 3-update run at exit (conftest.py)
 )
 
 

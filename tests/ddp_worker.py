@@ -84,7 +84,9 @@ if __name__ == "__main__":
 
     out_path = sys.argv.pop(1)
     if "--data-buffer-size" not in sys.argv:  # no prefetch thread to abort a short run at exit (conftest.py)
-        sys.argv += ["--data-buffer-size", "0"]
+        from conftest import NO_PREFETCH_THREAD
+
+        sys.argv += NO_PREFETCH_THREAD
     trainer_module.Trainer.__init__ = init
     trainer_module.Trainer.train_step = train_step
     trainer_module.Trainer._reduce_and_log_stats = reduce_and_log_stats

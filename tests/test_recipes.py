@@ -9,7 +9,7 @@ import subprocess
 from xml.sax.saxutils import escape
 
 import pytest
-from conftest import ROOT
+from conftest import NO_PREFETCH_THREAD, ROOT
 
 RECIPE_ENV = dict(
     OMP_NUM_THREADS="1",
@@ -21,7 +21,7 @@ RECIPE_ENV = dict(
     BEAM="2",
     MAX_TOKENS="2000",
     WARMUP="1",
-    TRAIN_ARGS="--data-buffer-size 0",  # no prefetch thread to abort a 3-update run at exit (conftest.py)
+    TRAIN_ARGS=" ".join(NO_PREFETCH_THREAD),  # no prefetch thread to abort a 3-update run at exit (conftest.py)
 )
 
 

@@ -9,8 +9,11 @@ the start of a hypothesis is removed before scoring (it is the input, not the ou
   :func:`fairseq_knowgen.evaluation.metrics.concept_coverage`), perplexity under the judge LM,
   distinct-1/2, repeated trigrams (:func:`~fairseq_knowgen.evaluation.metrics.repeated_ngram_rate`);
 - ``SET = htK`` (contents of K tokens from held-back text): BLEU-4 of the output against its
-  content (sacrebleu, :func:`~fairseq_knowgen.evaluation.metrics.bleu4`), judge perplexity,
-  distinct-1/2/3.
+  content (sacrebleu, :func:`~fairseq_knowgen.evaluation.metrics.bleu4`), content coverage (the
+  same lemma coverage as for concept sets, with the content's distinct words as the concepts, less
+  punctuation and bm25s's English stop words: :func:`content_words`), judge perplexity, distinct-1/2/3.
+  BLEU against a content the output should not copy verbatim sits near 0 for every system; content
+  coverage counts the content's words the output does use.
 
 Judge perplexity = exp(summed NLL / tokens) over all outputs, each scored as its own sentence
 (``</s>`` w_1..w_n ``</s>``, BPE tokens, the final ``</s>`` included). Distinct-n = distinct
@@ -52,6 +55,16 @@ def strip_prompt(hyp: str, source: str) -> str:
     prompt = source.split("<prompt>", 1)[1].split()
     toks = hyp.split()
     return " ".join(toks[len(prompt) :]) if toks[: len(prompt)] == prompt else hyp
+
+
+def content_words(content: str) -> List[str]:
+    """The words of a (detokenised) content that content coverage looks for in the output: its distinct
+    tokens in order, less stop words (bm25s's English list) and tokens without a letter or digit."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stop = set(STOPWORDS_EN)
+    words = [t for t in metrics.tokenize(content) if t.lower() not in stop and re.search(r"\w", t)]
+    return list(dict.fromkeys(words))
 
 
 def distinct_n(hyps: Sequence[str], n: int) -> float:
@@ -131,6 +144,7 @@ def score_file(path, source_path, judge, concepts=None, contents=None) -> Dict[s
         out["coverage"] = metrics.concept_coverage(hyps, concepts)
     if contents is not None:
         out["bleu_content"] = metrics.bleu4(hyps, [[c] for c in contents])
+        out["content_coverage"] = metrics.concept_coverage(hyps, [content_words(c) for c in contents])
     if judge is not None:
         out["judge_ppl"] = judge.ppl(hyps_bpe)
     for n in (1, 2, 3):

@@ -36,3 +36,22 @@ def test_two_files_with_one_run_name_are_refused(tmp_path):
     assert run.returncode == 2
     assert f"error: {copy}:" in run.stderr and f"is also the name in {first}" in run.stderr
     assert not out.exists()
+
+
+def test_content_coverage_counts_the_contents_words_the_output_uses(tmp_path):
+    """Held-back-text sets: content coverage = mean over inputs of the share of the content's words
+    (distinct, less stop words and punctuation) whose lemma the output has. Hand-computed:
+    content 1 "the dogs chased a red ball ." -> {dogs, chased, red, ball}; the output has "dog" (lemma of
+    "dogs") and "ball": 2/4. Content 2 "an old house , an old tree" -> {old, house, tree}; output: none: 0/3.
+    Mean 25.0. The prompt fairseq forced ("the") is removed before scoring."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import cocon_score
+
+    gen = tmp_path / "ht5.tau0.out"
+    gen.write_text("H-0\t-1.0\ta dog played with the ball\nH-1\t-1.0\tthe sun is bright\n")
+    src = tmp_path / "ht5.src"
+    src.write_text("the dogs chased a red ball .\n<prompt> the\n")
+    contents = ["the dogs chased a red ball .", "an old house , an old tree"]
+    assert cocon_score.content_words(contents[1]) == ["old", "house", "tree"]
+    res = cocon_score.score_file(str(gen), str(src), judge=None, contents=contents)
+    assert res["content_coverage"] == 25.0

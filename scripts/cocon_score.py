@@ -59,11 +59,11 @@ def strip_prompt(hyp: str, source: str) -> str:
 
 def content_words(content: str) -> List[str]:
     """The words of a (detokenised) content that content coverage looks for in the output: its distinct
-    tokens in order, less stop words (bm25s's English list) and tokens without a letter or digit."""
+    (lower-cased) tokens in order, less stop words (bm25s's English list) and tokens without a letter or digit."""
     from bm25s.stopwords import STOPWORDS_EN
 
     stop = set(STOPWORDS_EN)
-    words = [t for t in metrics.tokenize(content) if t.lower() not in stop and re.search(r"\w", t)]
+    words = [t for t in metrics.tokenize(content) if t not in stop and re.search(r"\w", t)]
     return list(dict.fromkeys(words))
 
 

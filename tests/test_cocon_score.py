@@ -1,12 +1,21 @@
 """scripts/cocon_score.py table: one row per run and system; two score files with one run name
 (a copied run folder) are refused instead of one silently hiding the other."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cocon_score.py"
+
+
+def load_script():
+    """scripts/cocon_score.py as a module, without putting scripts/ on sys.path for every later test."""
+    spec = importlib.util.spec_from_file_location("cocon_score", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def scores(path, name, coverage):
@@ -44,9 +53,7 @@ def test_content_coverage_counts_the_contents_words_the_output_uses(tmp_path):
     content 1 "the dogs chased a red ball ." -> {dogs, chased, red, ball}; the output has "dog" (lemma of
     "dogs") and "ball": 2/4. Content 2 "an old house , an old tree" -> {old, house, tree}; output: none: 0/3.
     Mean 25.0. The prompt fairseq forced ("the") is removed before scoring."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    import cocon_score
-
+    cocon_score = load_script()
     gen = tmp_path / "ht5.tau0.out"
     gen.write_text("H-0\t-1.0\ta dog played with the ball\nH-1\t-1.0\tthe sun is bright\n")
     src = tmp_path / "ht5.src"

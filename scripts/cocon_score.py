@@ -168,7 +168,11 @@ def cmd_score(a):
         if kind == "cg":
             res = score_file(path, src, judge, concepts=concepts)
         else:
-            contents = read_lines(os.path.join(a.contents_dir or a.inputs, f"{kind}.content"), "contents")
+            contents_path = os.path.join(a.contents_dir or a.inputs, f"{kind}.content")
+            contents = read_lines(contents_path, "contents")
+            n_inputs = len(read_lines(src, "CoCon input"))
+            if len(contents) != n_inputs:
+                raise DataError(contents_path, 0, f"{len(contents)} contents for {n_inputs} inputs in {src}")
             res = score_file(path, src, judge, contents=contents)
         results[f"{kind}/{system}"] = res
         print(json.dumps({"run": a.name, "set": kind, "system": system, **res}))

@@ -62,3 +62,21 @@ def test_content_coverage_counts_the_contents_words_the_output_uses(tmp_path):
     assert cocon_score.content_words(contents[1]) == ["old", "house", "tree"]
     res = cocon_score.score_file(str(gen), str(src), judge=None, contents=contents)
     assert res["content_coverage"] == 25.0
+
+
+def test_a_content_file_with_the_wrong_line_count_is_named(tmp_path):
+    """One content per held-back-text input: a content file one line short is refused (exit 2, naming it)
+    before anything is scored, and no score file is written."""
+    (tmp_path / "ht5.tau0.out").write_text("H-0\t-1.0\ta dog\nH-1\t-1.0\ta cat\n")
+    (tmp_path / "ht5.src").write_text("x\ny\n")
+    content = tmp_path / "ht5.content"
+    content.write_text("the dogs chased a red ball .\n")
+    out = tmp_path / "scores.json"
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "score", "--gen-dir", tmp_path, "--inputs", tmp_path, "--json-out", out],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2, run.stderr
+    assert f"error: {content}: 1 contents for 2 inputs in {tmp_path / 'ht5.src'}" in run.stderr
+    assert not out.exists()

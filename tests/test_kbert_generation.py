@@ -165,3 +165,28 @@ def test_webnlg_recipe_trains_decodes_and_scores_kbert_transformer(tmp_path):
     assert "injected tokens kept" in (out / "runs" / "kbert" / "train.log").read_text()
     scores = json.loads((out / "runs" / "kbert" / "valid.scores.json").read_text())
     assert "bleu4" in next(iter(scores.values()))
+
+
+def test_tree_sources_keep_the_lexical_constraints_of_their_inputs():
+    # kbert_translation with --constraints-from: the tree dataset replaced the binarized pair and
+    # dropped its constraints, so fairseq-generate --constraints stopped inside fairseq's search
+    # (TypeError: 'NoneType' object is not iterable)
+    from fairseq.data import Dictionary, LanguagePairDataset
+    from fairseq.data.data_utils import collate_tokens
+
+    from fairseq_knowgen.data.kbert_dataset import KBertPairDataset
+    from fairseq_knowgen.data.constraints import pack_example
+
+    d = Dictionary()
+    for w in "Ann Lee club Red FC Kyoto born in".split():
+        d.add_symbol(w)
+    kg = KnowledgeGraph([("Ann Lee", "club", "Red FC")], tokenize=word_tokenize)
+    src = [d.encode_line(s, add_if_not_exist=False) for s in ("Ann Lee born in Kyoto", "Kyoto")]
+    tgt = [d.encode_line(s, add_if_not_exist=False) for s in ("Ann Lee born in Kyoto", "Kyoto")]
+    pair = LanguagePairDataset(src, [len(s) for s in src], d, tgt, [len(t) for t in tgt], d, shuffle=False)
+    wanted = [[d.encode_line("Kyoto", append_eos=False)], []]
+    pair.constraints = [pack_example(c) for c in wanted]
+    trees = KBertPairDataset(pair, kg, "predicate-object", 64)
+    assert trees.src[0].numel() > src[0].numel()  # the fact was injected
+    batch = trees.collater([trees[0], trees[1]])
+    assert torch.equal(batch["constraints"], collate_tokens(pair.constraints, 0))

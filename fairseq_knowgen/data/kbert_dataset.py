@@ -237,6 +237,7 @@ class KBertPairDataset(LanguagePairDataset):
             input_feeding=pair.input_feeding,
             remove_eos_from_source=False,
             append_eos_to_target=False,
+            constraints=pair.constraints,  # --constraints-from: the trees keep their inputs' constraints
             eos=pair.eos,
         )
 

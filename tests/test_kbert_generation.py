@@ -4,9 +4,12 @@ built from the training triples; incremental decoding, beam search, training and
 import pytest
 import torch
 from conftest import TRAIN_COMMON, run_cli
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.data.data_utils import collate_tokens
 from helpers import build_task_and_model, decode_full_and_stepwise
 
-from fairseq_knowgen.data.kbert_dataset import source_facts
+from fairseq_knowgen.data.constraints import pack_example
+from fairseq_knowgen.data.kbert_dataset import KBertPairDataset, source_facts
 from fairseq_knowgen.modules.knowledge_graph import KnowledgeGraph, word_tokenize
 from fairseq_knowgen.modules.sentence_tree import build_sentence_tree
 from fairseq_knowgen.prep.kbert import webnlg_triples
@@ -171,19 +174,13 @@ def test_tree_sources_keep_the_lexical_constraints_of_their_inputs():
     # kbert_translation with --constraints-from: the tree dataset replaced the binarized pair and
     # dropped its constraints, so fairseq-generate --constraints stopped inside fairseq's search
     # (TypeError: 'NoneType' object is not iterable)
-    from fairseq.data import Dictionary, LanguagePairDataset
-    from fairseq.data.data_utils import collate_tokens
-
-    from fairseq_knowgen.data.kbert_dataset import KBertPairDataset
-    from fairseq_knowgen.data.constraints import pack_example
-
     d = Dictionary()
     for w in "Ann Lee club Red FC Kyoto born in".split():
         d.add_symbol(w)
     kg = KnowledgeGraph([("Ann Lee", "club", "Red FC")], tokenize=word_tokenize)
     src = [d.encode_line(s, add_if_not_exist=False) for s in ("Ann Lee born in Kyoto", "Kyoto")]
-    tgt = [d.encode_line(s, add_if_not_exist=False) for s in ("Ann Lee born in Kyoto", "Kyoto")]
-    pair = LanguagePairDataset(src, [len(s) for s in src], d, tgt, [len(t) for t in tgt], d, shuffle=False)
+    sizes = [len(s) for s in src]
+    pair = LanguagePairDataset(src, sizes, d, src, sizes, d, shuffle=False)  # targets: the sources
     wanted = [[d.encode_line("Kyoto", append_eos=False)], []]
     pair.constraints = [pack_example(c) for c in wanted]
     trees = KBertPairDataset(pair, kg, "predicate-object", 64)

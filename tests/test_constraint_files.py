@@ -3,7 +3,8 @@
 import pytest
 from conftest import run_cli
 
-from fairseq_knowgen.evaluation.metrics import concept_coverage, lemma
+from fairseq_knowgen.evaluation.metrics import concept_coverage
+from fairseq_knowgen.text import lemma
 from fairseq_knowgen.prep.constraints import concept_constraints, entity_constraints, main, prototype_constraints
 from fairseq_knowgen.textio import cli_entry
 

@@ -12,7 +12,7 @@ from test_recipes import webnlg_xml
 
 from fairseq_knowgen.prep import entities as E
 from fairseq_knowgen.prep import placeholders, webnlg
-from fairseq_knowgen.prep.common import moses_tokenize
+from fairseq_knowgen.text import EntityMatcher, moses_tokenize, surface_form
 from fairseq_knowgen.textio import cli_entry
 
 
@@ -24,8 +24,8 @@ def delexicalize(triples, text, style="text"):
     """(delexicalized source, delexicalized tokenized text, entity ids found, surface forms)."""
     src = webnlg.linearize(triples, tok)
     delex, ents = E.delexicalize_source(src.split())
-    tgt, found = E.EntityMatcher(ents, style).delexicalize(tok(text).split())
-    return " ".join(delex), " ".join(tgt), found, [E.surface_form(e, style) for e in ents]
+    tgt, found = EntityMatcher(ents, style).delexicalize(tok(text).split())
+    return " ".join(delex), " ".join(tgt), found, [surface_form(e, style) for e in ents]
 
 
 ROUND_TRIPS = [

@@ -6,11 +6,12 @@ import pytest
 
 from fairseq_knowgen.evaluation import metrics
 from fairseq_knowgen.evaluation.report import normalize, read_hypotheses, read_references
+from fairseq_knowgen.text import tokenize
 from fairseq_knowgen.textio import DataError
 
 
 def test_tokenize_lowercases_and_splits_punctuation():
-    assert metrics.tokenize("The Dog, barked.") == ["the", "dog", ",", "barked", "."]
+    assert tokenize("The Dog, barked.") == ["the", "dog", ",", "barked", "."]
 
 
 def test_bleu4_perfect_and_multi_reference():

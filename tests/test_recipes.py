@@ -245,7 +245,7 @@ def test_commongen_constraint_form_prototype_reaches_the_constraint_file_and_the
     """CONSTRAINTS=1 CONSTRAINT_FORM=prototype on the plain-concepts model: stage 6 writes bin/valid.cons-prototype
     from the EKI prototypes of the same split (the documented choice for INPUT=concepts) and decodes with it into
     valid.cons-prototype.out; stage 4's concept-form bin/valid.cons stays as it was."""
-    from fairseq_knowgen.evaluation.metrics import lemma
+    from fairseq_knowgen.text import lemma
 
     bad = subprocess.run(
         ["bash", "examples/commongen/run.sh", tmp_path, tmp_path, tmp_path],

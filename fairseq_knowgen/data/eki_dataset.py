@@ -29,7 +29,7 @@ import torch
 from fairseq.data import BaseWrapperDataset, data_utils
 from torch import Tensor
 
-from ..evaluation.metrics import lemma
+from ..text import lemma
 from ..modules.group_embedding import CONCEPT_GROUP, PAD_GROUP, PROTOTYPE_GROUP
 from ..modules.position_indicator import prototype_distances
 

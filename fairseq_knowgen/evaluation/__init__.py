@@ -10,6 +10,5 @@ from .metrics import (  # noqa: F401
     novel_ngram_ratio,
     repeated_ngram_rate,
     rouge_l,
-    tokenize,
 )
 from .report import evaluate_outputs, format_table  # noqa: F401

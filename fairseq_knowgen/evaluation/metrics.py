@@ -10,23 +10,16 @@ report see the same tokens. Well-kept libraries do the work wherever one exists:
 - CIDEr-D: ``pycocoevalcap`` (the COCO caption implementation, which is CIDEr-D);
 - lemmas for concept coverage: ``simplemma``.
 
-Entity mentions (WebNLG) are found by the matcher of the whole-entity placeholders
-(:class:`fairseq_knowgen.prep.entities.EntityMatcher`), so that ``entity_recall`` of an output
-and prep's ``entity_match_rate`` of a reference count the same way.
+Tokens, lemmas and entity mentions (WebNLG) come from :mod:`fairseq_knowgen.text`, whose
+:class:`~fairseq_knowgen.text.EntityMatcher` also makes the whole-entity placeholders, so that
+``entity_recall`` of an output and prep's ``entity_match_rate`` of a reference count the same way.
 """
 
 import math
-import re
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
-
-
-def tokenize(text: str) -> List[str]:
-    """Lower-cased word and punctuation tokens, the unit of every token-level metric."""
-    return _TOKEN_RE.findall(text.lower())
-
+from ..text import EntityMatcher, lemma, moses_tokenize, tokenize
 
 def _check_aligned(hyps: Sequence, other: Sequence, what: str):
     if len(hyps) != len(other):
@@ -64,13 +57,6 @@ def cider_d(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
     res = {i: [" ".join(tokenize(h))] for i, h in enumerate(hyps)}
     score, _ = Cider().compute_score(gts, res)
     return float(score)
-
-
-def lemma(word: str) -> str:
-    """English lemma of a lower-cased word (simplemma's dictionary lookup)."""
-    import simplemma
-
-    return simplemma.lemmatize(word, lang="en").lower()
 
 
 def concept_coverage(hyps: Sequence[str], concepts: Sequence[Sequence[str]]) -> float:
@@ -173,7 +159,7 @@ def entity_mention_counts(hyps: Sequence[str], entities: Sequence[Sequence[str]]
     """Per output, the number of mentions of each of its source entities.
 
     A thin adapter over the matcher that ``prep.webnlg --entity-placeholders`` uses on the
-    references (:class:`fairseq_knowgen.prep.entities.EntityMatcher`, default ``text`` style), so
+    references (:class:`fairseq_knowgen.text.EntityMatcher`, default ``text`` style), so
     that this count and the placeholder upper bound ``entity_match_rate`` agree: the entities (the
     cleaned DBpedia forms of the ``.entities`` file) and the output are Moses-tokenized as prep
     tokenizes them, and mentions are found ignoring case, accents and punctuation, with the
@@ -183,9 +169,6 @@ def entity_mention_counts(hyps: Sequence[str], entities: Sequence[Sequence[str]]
     taken first, so ``Texas`` inside a mention of ``Abilene, Texas`` is no mention of ``Texas``.
     An entity listed twice for one input is counted once (both positions get the same count).
     """
-    from ..prep.common import moses_tokenize
-    from ..prep.entities import EntityMatcher
-
     _check_aligned(hyps, entities, "entity lists")
     out = []
     for h, ents in zip(hyps, entities):

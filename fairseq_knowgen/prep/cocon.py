@@ -2,7 +2,7 @@
 tiny data set for the benchmark.
 
 ``corpus``: sentences for the base LM, the judge LM and CoCon, lower-cased and Moses-tokenized as
-the rest of the package (:func:`.common.moses_tokenize`):
+the rest of the package (:func:`fairseq_knowgen.text.moses_tokenize`):
 
 - wikitext-2 (``--wikitext``, e.g. its ``valid.txt``): headings and empty lines dropped, its
   ``@-@``/``@,@``/``@.@`` joins undone, paragraphs split into sentences after `` . `` / ``?`` / ``!``,
@@ -37,8 +37,9 @@ import subprocess
 import sys
 from typing import List
 
+from ..text import moses_tokenize
 from ..textio import DataError, cli_entry, read_lines
-from .common import ensure_dir, moses_tokenize, write_lines
+from .common import ensure_dir, write_lines
 
 _WIKI_JOINS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
 _SENT_END = re.compile(r"(?<= [.?!]) (?=\S)")

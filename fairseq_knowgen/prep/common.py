@@ -1,23 +1,10 @@
-"""Tokenization and writing shared by the data-preparation modules."""
+"""Writing shared by the data-preparation modules (their tokenization is in :mod:`fairseq_knowgen.text`)."""
 
 import json
 import os
 from typing import Iterable, List, Sequence
 
 from ..textio import atomic_write
-
-_TOK = {}
-
-
-def moses_tokenize(text: str, lowercase: bool = True) -> str:
-    """sacremoses English tokenization (no HTML escaping), optionally lower-cased."""
-    if "en" not in _TOK:
-        from sacremoses import MosesTokenizer
-
-        _TOK["en"] = MosesTokenizer(lang="en")
-    out = _TOK["en"].tokenize(text.strip(), escape=False, return_str=True)
-    return out.lower() if lowercase else out
-
 
 def write_lines(path: str, lines: Iterable[str]):
     with atomic_write(path) as f:

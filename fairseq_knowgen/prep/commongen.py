@@ -22,8 +22,9 @@ import argparse
 import os
 from typing import List, Optional, Tuple
 
+from ..text import moses_tokenize
 from ..textio import cli_entry, read_lines, read_parallel
-from .common import ensure_dir, moses_tokenize, write_jsonl, write_lines
+from .common import ensure_dir, write_jsonl, write_lines
 
 
 def group_consecutive(src: List[str], tgt: List[str]) -> List[Tuple[str, List[str]]]:

@@ -13,7 +13,7 @@ as the source writes it (same BPE pieces, same ``<unk-N>`` / ``<ent-K>`` placeho
   - ``prototype``: the form the concept takes in the retrieved prototype of that input (the
     words after ``<sep>`` of an EKI source ``concepts <sep> prototype``): the concept itself when
     the prototype has it verbatim, else the first prototype word of the same lemma (the lemma
-    of the coverage metric, :func:`fairseq_knowgen.evaluation.metrics.lemma`, so a constraint
+    of the coverage metric, :func:`fairseq_knowgen.text.lemma`, so a constraint
     in the prototype's form is always a covered concept), else (the prototype lacks the
     concept) the concept itself. Lemma matching is only as good as ``simplemma``'s dictionary,
     which knows no part of speech: the concept "saw" (lemma "see") takes "sees" from "he sees a
@@ -38,7 +38,7 @@ One output line per source line, constraints separated by TABs (an empty line: n
 import argparse
 from typing import Dict, List, Optional
 
-from ..evaluation.metrics import lemma
+from ..text import lemma
 from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
 
 SEP = "<sep>"
@@ -72,7 +72,7 @@ def concept_constraints(line: str) -> List[str]:
 def prototype_form(concept: str, prototype: List[str]) -> Optional[str]:
     """The form ``concept`` takes in ``prototype`` (both as :func:`bpe_words`), or None when it
     has none: the concept itself when it occurs verbatim, else the first word whose lemma is the
-    concept's (:func:`fairseq_knowgen.evaluation.metrics.lemma`, as concept coverage matches)."""
+    concept's (:func:`fairseq_knowgen.text.lemma`, as concept coverage matches)."""
     plain = [_plain(w) for w in prototype]
     if _plain(concept) in plain:
         return concept

@@ -57,6 +57,7 @@ import sys
 from collections import Counter
 from typing import Dict, Iterator, List, Set, Tuple
 
+from ..text import ENTITY_TOKEN, entity_token
 from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
 from . import entities
 from .common import replace_numbered
@@ -192,11 +193,11 @@ def add_entity_slots(vocab: Counter, lines: List[str], slots: int = 0) -> int:
     m = slots
     for line in lines:
         for w in line.split():
-            e = entities.ENTITY_TOKEN.match(w)
+            e = ENTITY_TOKEN.match(w)
             if e:
                 m = max(m, int(e.group(1)) + 1)
     for k in range(m):
-        vocab.setdefault(entities.entity_token(k), 0)
+        vocab.setdefault(entity_token(k), 0)
     return m
 
 

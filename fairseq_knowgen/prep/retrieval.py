@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..evaluation.metrics import lemma, tokenize
+from ..text import lemma, tokenize
 from ..textio import atomic_write, read_lines, read_parallel
 
 
@@ -45,7 +45,7 @@ def concept_key(concepts: str) -> str:
 
 def split_plain_text(lines: Sequence[str], min_words: int = 5, max_words: int = 40) -> List[str]:
     """Sentences of a plain-text corpus, lower-cased and tokenized like the targets."""
-    from .common import moses_tokenize
+    from ..text import moses_tokenize
 
     out = []
     for line in lines:

@@ -45,9 +45,10 @@ import xml.etree.ElementTree as ET
 from typing import Dict, List, Optional, Sequence
 from xml.parsers import expat
 
+from ..text import SURFACE_STYLES, EntityMatcher, moses_tokenize, surface_form
 from ..textio import DataError, atomic_write, cli_entry
 from . import entities as ent
-from .common import ensure_dir, moses_tokenize, write_jsonl, write_lines
+from .common import ensure_dir, write_jsonl, write_lines
 
 DEFAULT_HELDOUT = ("Astronaut", "Monument", "University")
 
@@ -143,7 +144,7 @@ def write_split(
     out: str, name: str, entries: List[Dict], one_line_per_text: bool, entity_surface: Optional[str] = None
 ) -> Optional[Dict]:
     """Write ``name.src/.tgt`` (and the evaluation files). With ``entity_surface`` (a style of
-    :func:`.entities.surface_form`) entities become ``<ent-K>`` and ``.lex.src`` and
+    :func:`fairseq_knowgen.text.surface_form`) entities become ``<ent-K>`` and ``.lex.src`` and
     ``.entmap`` are written; returns the entity match counts (else None)."""
     src, tgt, lex, maps = [], [], [], []
     mentions = found = 0
@@ -155,8 +156,8 @@ def write_split(
                 tgt.append(moses_tokenize(text, lowercase=False))
             continue
         delex, ents = ent.delexicalize_source(s.split(), f"{out}/{name}.src", len(src) + 1)
-        matcher = ent.EntityMatcher(ents, entity_surface)
-        surfaces = [ent.surface_form(x, entity_surface) for x in ents]
+        matcher = EntityMatcher(ents, entity_surface)
+        surfaces = [surface_form(x, entity_surface) for x in ents]
         # the upper bound is counted on every reference (train: every reference is a line)
         for r, text in enumerate(e["texts"]):
             tokens, hit = matcher.delexicalize(moses_tokenize(text, lowercase=False).split())
@@ -253,7 +254,7 @@ def main(argv=None):
     )
     p.add_argument(
         "--entity-surface",
-        choices=ent.SURFACE_STYLES,
+        choices=SURFACE_STYLES,
         default="text",
         help="what <ent-K> is restored to: 'text' (disambiguation parentheses dropped, units without "
         "parentheses, ISO dates spelled out) or 'dbpedia' (the cleaned DBpedia form of the source)",

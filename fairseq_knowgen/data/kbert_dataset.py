@@ -5,6 +5,13 @@ the collater pads them and the encoder builds the boolean B x T x T visible matr
 (:func:`fairseq_knowgen.modules.sentence_tree.visible_matrix`), so no matrix is ever stored.
 Injected (branch) tokens, ``<s>`` and ``</s>`` get the tag target ``IGNORE`` (-100): they are
 never labelled and never count in the loss or the score.
+
+Sentence pairs (a ``text_b`` column, K-BERT's XNLI / LCQMC format ``label<TAB>text_a<TAB>text_b``)
+become ``<s> a </s> b </s>`` (BERT's ``[CLS] a [SEP] b [SEP]``): each sentence with its own
+branches (:func:`~fairseq_knowgen.modules.sentence_tree.build_pair_trees`), the soft positions
+running on through the first ``</s>``, branch and mention ids numbered apart so that a branch is
+seen only by its own mention, and segment ids 0 up to and including the first ``</s>``, 1 after
+(stored as that one boundary per example).
 """
 
 from dataclasses import dataclass
@@ -15,7 +22,7 @@ import torch
 from fairseq.data import FairseqDataset, LanguagePairDataset, ListDataset, data_utils
 
 from ..modules.knowledge_graph import KnowledgeGraph, char_tokenize
-from ..modules.sentence_tree import build_sentence_tree
+from ..modules.sentence_tree import SentenceTree, build_pair_trees, build_sentence_tree
 from ..textio import DataError, read_lines
 
 IGNORE = -100
@@ -26,19 +33,24 @@ class TsvExample:
     tokens: List[str]
     label: object  # str (classification) or list of str (tagging)
     line: int
+    tokens_b: Optional[List[str]] = None  # the second sentence of a pair (text_b)
 
 
 def read_tsv(path: str, tagging: bool) -> List[TsvExample]:
-    """Rows of a K-BERT TSV: a header naming the columns ``label`` and ``text_a`` (either order).
+    """Rows of a K-BERT TSV: a header naming the columns ``label`` and ``text_a`` (any order), and
+    ``text_b`` for sentence pairs (classification only).
 
     Classification text is unsegmented (one token per non-space character); tagging text and
-    labels are space-separated, one tag per character. Wrong column counts and token/tag length
-    mismatches raise :class:`DataError` naming ``path:line``."""
+    labels are space-separated, one tag per character. Wrong column counts, empty texts or labels
+    and token/tag length mismatches raise :class:`DataError` naming ``path:line``."""
     lines = read_lines(path, "TSV")
     header = lines[0].split("\t")
     if "label" not in header or "text_a" not in header:
         raise DataError(path, 1, f"header must name the columns 'label' and 'text_a', found {header}")
+    if tagging and "text_b" in header:
+        raise DataError(path, 1, "tagging reads single sentences: no text_b column")
     li, ti = header.index("label"), header.index("text_a")
+    bi = header.index("text_b") if "text_b" in header else None
     out = []
     for n, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -47,6 +59,9 @@ def read_tsv(path: str, tagging: bool) -> List[TsvExample]:
         if len(fields) != len(header):
             raise DataError(path, n, f"{len(fields)} TAB-separated column(s), the header has {len(header)}")
         text, label = fields[ti], fields[li].strip()
+        for column, value in (("text_a", text), ("text_b", fields[bi] if bi is not None else "-")):
+            if not value.strip():
+                raise DataError(path, n, f"empty {column}")
         if tagging:
             tokens, tags = text.split(), label.split()
             if len(tokens) != len(tags):
@@ -55,7 +70,7 @@ def read_tsv(path: str, tagging: bool) -> List[TsvExample]:
         else:
             if not label:
                 raise DataError(path, n, "empty label")
-            out.append(TsvExample(char_tokenize(text), label, n))
+            out.append(TsvExample(char_tokenize(text), label, n, char_tokenize(fields[bi]) if bi is not None else None))
     if not out:
         raise DataError(path, 0, "no examples after the header")
     return out
@@ -91,31 +106,28 @@ class KBertDataset(FairseqDataset):
         self.targets = []
         self.trunk_index: List[np.ndarray] = []
         self.n_tokens: List[int] = []  # original token count (predictions map back to it)
+        self.segment_start: List[int] = []  # first token of segment 1 (b); the length for a single sentence
         self.dropped_branches = self.dropped_trunk = self.injected_tokens = 0
-        bos, eos = dictionary.bos(), dictionary.eos()
         for ex in examples:
-            tree = build_sentence_tree(ex.tokens, kg, inject, max_len=max_positions - 2, start_position=1)
-            n = len(tree)
-            ids = np.empty(n + 2, dtype=np.int64)
-            ids[0], ids[-1] = bos, eos
-            ids[1:-1] = [dictionary.index(t) for t in tree.tokens]
-            # <s> at 0, the tree from 1, </s> right after the last trunk token
-            soft = np.array([0] + tree.soft_positions + [1 + len(tree.trunk_index)], dtype=np.int16)
-            branch = np.array([0] + tree.branch_ids + [0], dtype=np.int16)
-            mention = np.array([0] + tree.mention_ids + [0], dtype=np.int16)
-            trunk = np.array(tree.trunk_index, dtype=np.int64) + 1
+            if ex.tokens_b is None:
+                trees = [build_sentence_tree(ex.tokens, kg, inject, max_len=max_positions - 2)]
+            else:
+                trees = list(build_pair_trees(ex.tokens, ex.tokens_b, kg, inject, max_len=max_positions - 3))
+            ids, soft, branch, mention, trunk, segment_start = flatten_trees(trees, dictionary)
             self.items.append((ids, soft, branch, mention))
             self.trunk_index.append(trunk)
+            self.segment_start.append(segment_start)
             self.n_tokens.append(len(ex.tokens))
-            self.dropped_branches += tree.dropped_branches
-            self.dropped_trunk += tree.dropped_trunk
-            self.injected_tokens += n - len(tree.trunk_index)
+            for tree in trees:
+                self.dropped_branches += tree.dropped_branches
+                self.dropped_trunk += tree.dropped_trunk
+                self.injected_tokens += len(tree) - len(tree.trunk_index)
             if tagging:
                 tags = [label_index.get(t) for t in ex.label[: len(trunk)]]
                 if any(t is None for t in tags):
                     bad = next(t for t, i in zip(ex.label, tags) if i is None)
                     raise DataError(path, ex.line, f"tag {bad!r} not among the training tags")
-                target = np.full(n + 2, IGNORE, dtype=np.int64)
+                target = np.full(len(ids), IGNORE, dtype=np.int64)
                 target[trunk] = tags
                 self.targets.append(target)
             else:
@@ -126,12 +138,15 @@ class KBertDataset(FairseqDataset):
 
     def __getitem__(self, index):
         ids, soft, branch, mention = self.items[index]
+        segment = torch.zeros(len(ids), dtype=torch.long)
+        segment[self.segment_start[index] :] = 1
         return {
             "id": index,
             "source": torch.from_numpy(ids),
             "soft": torch.from_numpy(soft.astype(np.int64)),
             "branch": torch.from_numpy(branch.astype(np.int64)),
             "mention": torch.from_numpy(mention.astype(np.int64)),
+            "segment": segment,
             "target": self.targets[index],
         }
 
@@ -169,10 +184,35 @@ class KBertDataset(FairseqDataset):
                 "soft_positions": merge("soft", 0),
                 "branch_ids": merge("branch", 0),
                 "mention_ids": merge("mention", 0),
+                "segment_ids": merge("segment", 0),
                 "src_lengths": torch.tensor([s["source"].numel() for s in samples]),
             },
             "target": target,
         }
+
+
+def flatten_trees(trees: Sequence[SentenceTree], dictionary):
+    """``<s> tree_1 </s> [tree_2 </s>]`` as arrays: ids, soft positions, branch ids, mention ids
+    (int16), the indices of the first tree's trunk tokens, and the first index of segment 1.
+
+    ``<s>`` has soft position 0; each tree's positions continue from the ``</s>`` before it, and
+    each ``</s>`` takes the position after its tree's last trunk token; branch and mention ids
+    of a later tree are numbered after the earlier ones' (so its branches are invisible to the
+    earlier tree's mentions)."""
+    ids, soft, branch, mention = [dictionary.bos()], [0], [0], [0]
+    trunk, segment_start, position = None, None, 1
+    for tree in trees:
+        b0, m0 = max(branch), max(mention)
+        if trunk is None:
+            trunk = np.array(tree.trunk_index, dtype=np.int64) + len(ids)
+        ids += [dictionary.index(t) for t in tree.tokens] + [dictionary.eos()]
+        soft += [position + p for p in tree.soft_positions] + [position + len(tree.trunk_index)]
+        branch += [b + b0 if b else 0 for b in tree.branch_ids] + [0]
+        mention += [m + m0 if m else 0 for m in tree.mention_ids] + [0]
+        position += len(tree.trunk_index) + 1
+        segment_start = len(ids) if segment_start is None else segment_start
+    small = (np.array(x, dtype=np.int16) for x in (soft, branch, mention))
+    return (np.array(ids, dtype=np.int64), *small, trunk, segment_start if len(trees) > 1 else len(ids))
 
 
 class KBertPairDataset(LanguagePairDataset):

@@ -9,22 +9,34 @@ BERT's [CLS]) and a token tagger.
 
 Flags for the paper's ablations: ``--no-visible-matrix`` (every token sees every token, as plain
 BERT on the flattened tree) and ``--no-soft-positions`` (hard positions 0..T-1 along the flattened
-tree). ``--kbert-pretrained PATH`` starts the encoder from a fairseq RoBERTa / masked-LM
-checkpoint (``encoder.sentence_encoder.*`` weights; same dictionary), whose layer layout this
-encoder shares.
+tree).
+
+Pretrained starts (``docs/pretrained_kbert.md``): ``--kbert-pretrained PATH`` starts the encoder
+from a fairseq RoBERTa / masked-LM checkpoint in the released or the current layout, or from
+Google's BERT converted by :mod:`fairseq_knowgen.convert.hf_bert` (same dictionary), whose layer
+layout this encoder shares. The file is read by :mod:`fairseq_knowgen.convert.fairseq_legacy`,
+which refuses partial loads. It is read only when a model is built for training from it: the
+args record that it was loaded (``kbert_pretrained_loaded``, saved in every checkpoint, as
+fairseq's wav2vec fine-tuning records ``w2v_args``), so a fine-tuned checkpoint rebuilds
+without the file (``load_model_ensemble``, ``kbert_score``, ``fairseq-validate``); only a
+``fairseq-train`` resumed with ``--kbert-pretrained`` on its command line reads it again before
+the checkpoint's weights replace it. Settings the pretrained model fixes and the flags leave
+unset are taken from it and recorded in the args: ``--num-segments`` (BERT's token types) and
+``--layer-norm-eps`` (BERT's 1e-12).
 """
 
 import logging
 
 import torch
 import torch.nn.functional as F
-from fairseq import checkpoint_utils, utils
+from fairseq import utils
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from torch import Tensor, nn
 
+from ..convert.fairseq_legacy import load_checkpoint_state, load_pretrained_part, upgrade_state
 from ..modules.sentence_tree import visible_matrix
 from ..modules.visible_attention import VisibleEncoderLayer
 
@@ -33,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 class KBertEncoder(FairseqEncoder):
     """Token + soft-position (+ segment) embeddings and :class:`VisibleEncoderLayer` s.
+
+    The parameter names are those of fairseq's RoBERTa sentence encoder (``embed_tokens``,
+    ``embed_positions``, ``layernorm_embedding``, ``layers.*``; ``segment_embeddings`` as in
+    fairseq's ``TransformerSentenceEncoder``), so pretrained encoders load by name.
 
     Args:
         args: the model's arguments (sizes, dropouts, ``no_visible_matrix``, ``no_soft_positions``)
@@ -48,10 +64,12 @@ class KBertEncoder(FairseqEncoder):
         self.use_visible_matrix = not args.no_visible_matrix
         self.use_soft_positions = not args.no_soft_positions
         dim = args.encoder_embed_dim
+        eps = getattr(args, "layer_norm_eps", None) or 1e-5
         # fairseq's learned positions: index p + padding_idx + 1 for position p, padding at padding_idx
         self.embed_positions = nn.Embedding(self.max_positions_ + self.padding_idx + 1, dim, self.padding_idx)
-        self.embed_segments = nn.Embedding(args.num_segments, dim) if args.num_segments > 0 else None
-        self.layernorm_embedding = None if args.encoder_normalize_before else nn.LayerNorm(dim)
+        num_segments = getattr(args, "num_segments", None) or 0
+        self.segment_embeddings = nn.Embedding(num_segments, dim) if num_segments > 0 else None  # token types
+        self.layernorm_embedding = None if args.encoder_normalize_before else nn.LayerNorm(dim, eps=eps)
         self.dropout = args.dropout
         self.layers = nn.ModuleList(
             VisibleEncoderLayer(
@@ -63,16 +81,27 @@ class KBertEncoder(FairseqEncoder):
                 args.activation_dropout,
                 args.activation_fn,
                 args.encoder_normalize_before,
+                eps,
             )
             for _ in range(args.encoder_layers)
         )
-        self.layer_norm = nn.LayerNorm(dim) if args.encoder_normalize_before else None
+        self.layer_norm = nn.LayerNorm(dim, eps=eps) if args.encoder_normalize_before else None
         self.apply(init_bert_params)
         self.embed_tokens = (
             embed_tokens if embed_tokens is not None else nn.Embedding(len(dictionary), dim, self.padding_idx)
         )
         if embed_tokens is None:
             init_bert_params(self.embed_tokens)
+
+    def add_segment_embeddings(self, num_segments: int):
+        """Create the segment (token-type) table, zero: the encoder computes what it did without one."""
+        self.segment_embeddings = nn.Embedding(num_segments, self.embed_tokens.embedding_dim)
+        nn.init.zeros_(self.segment_embeddings.weight)
+
+    def set_layer_norm_eps(self, eps: float):
+        for m in self.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.eps = eps
 
     def attention_mask(self, src_tokens: Tensor, branch_ids: Tensor, mention_ids: Tensor) -> Tensor:
         """bool B x T x T visible matrix, or B x 1 x T key-padding mask with ``--no-visible-matrix``."""
@@ -87,7 +116,8 @@ class KBertEncoder(FairseqEncoder):
             src_tokens: B x T (right-padded flattened sentence trees)
             soft_positions, branch_ids, mention_ids: B x T small ints (see ``sentence_tree``);
                 ``None`` means a plain sentence (positions 0..T-1, all trunk)
-            segment_ids: B x T, with ``--num-segments`` > 0
+            segment_ids: B x T segment (token-type) ids: 0 for ``<s>`` a ``</s>``, 1 for b ``</s>`` of a
+                sentence pair; read when the encoder has segment embeddings; ``None``: all 0
 
         Returns:
             dict with ``encoder_out`` [T x B x C] and ``encoder_padding_mask`` [B x T]
@@ -100,8 +130,8 @@ class KBertEncoder(FairseqEncoder):
             mention_ids = torch.zeros_like(src_tokens)
         positions = (soft_positions + self.padding_idx + 1).masked_fill(padding_mask, self.padding_idx)
         x = self.embed_tokens(src_tokens) + self.embed_positions(positions)  # B x T x C
-        if self.embed_segments is not None:
-            x = x + self.embed_segments(segment_ids if segment_ids is not None else torch.zeros_like(src_tokens))
+        if self.segment_embeddings is not None:
+            x = x + self.segment_embeddings(segment_ids if segment_ids is not None else torch.zeros_like(src_tokens))
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = F.dropout(x, p=self.dropout, training=self.training)
@@ -188,7 +218,19 @@ class KBertModel(FairseqEncoderModel):
         parser.add_argument("--activation-dropout", type=float, metavar="D")
         parser.add_argument("--pooler-dropout", type=float, metavar="D", help="dropout of the heads")
         parser.add_argument("--encoder-normalize-before", action="store_true", help="pre-LN layers (BERT: post-LN)")
-        parser.add_argument("--num-segments", type=int, metavar="N", help="segment embeddings (0: none, as RoBERTa)")
+        parser.add_argument(
+            "--num-segments",
+            type=int,
+            metavar="N",
+            help="segment (token-type) embeddings; unset: those of --kbert-pretrained (BERT: 2, RoBERTa: none), "
+            "2 for sentence-pair data, else none",
+        )
+        parser.add_argument(
+            "--layer-norm-eps",
+            type=float,
+            metavar="E",
+            help="LayerNorm epsilon; unset: --kbert-pretrained's, else 1e-5",
+        )
         parser.add_argument(
             "--no-visible-matrix",
             action="store_true",
@@ -200,26 +242,53 @@ class KBertModel(FairseqEncoderModel):
         parser.add_argument(
             "--kbert-pretrained",
             metavar="PATH",
-            help="start the encoder from this fairseq RoBERTa/masked_lm checkpoint (encoder.sentence_encoder.*; "
-            "the same dictionary)",
+            help="start the encoder from this fairseq RoBERTa/masked_lm checkpoint (released or current layout) or "
+            "converted BERT (python -m fairseq_knowgen.convert.hf_bert); the same dictionary; read only when "
+            "training starts from it",
         )
 
     @classmethod
     def build_model(cls, args, task):
         kbert_base_architecture(args)  # --max-positions (the position table) is the task's flag
         model = cls(args, KBertEncoder(args, task.source_dictionary))
-        if getattr(args, "kbert_pretrained", None):
-            model.load_pretrained_encoder(args.kbert_pretrained)
+        # a model rebuilt from a checkpoint has its weights there (the record is saved with the args)
+        if getattr(args, "kbert_pretrained", None) and not getattr(args, "kbert_pretrained_loaded", False):
+            state, pretrained_args = load_checkpoint_state(args.kbert_pretrained)
+            model.load_pretrained_encoder(state, pretrained_args, args.kbert_pretrained)
         return model
 
-    def load_pretrained_encoder(self, path: str):
-        """Copy ``encoder.sentence_encoder.*`` (RoBERTa / masked_lm) weights into the encoder
-        (see :func:`encoder_state_from_roberta`)."""
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-        ours, loaded = encoder_state_from_roberta(state, self.encoder.state_dict(), path)
-        self.encoder.load_state_dict(ours)
-        missing = sorted(set(ours) - set(loaded))
-        logger.info(f"K-BERT encoder from {path}: {len(loaded)} tensors loaded, kept initial: {missing}")
+    def load_pretrained_encoder(self, state: dict, pretrained_args, source: str, adopt: bool = True):
+        """Load a RoBERTa / masked-LM / converted BERT encoder (``state`` in fairseq's current
+        layout, :func:`~fairseq_knowgen.convert.fairseq_legacy.upgrade_state`) into the encoder,
+        every tensor of it (:func:`~fairseq_knowgen.convert.fairseq_legacy.load_pretrained_part`;
+        the LM head is not K-BERT's). Unset settings that the pretrained model fixes are taken
+        from it: its segment table (``--num-segments``) and its LayerNorm epsilon
+        (``--layer-norm-eps``); set ones that differ are an error. A segment table the
+        pretrained model lacks (RoBERTa) starts at zero. ``adopt=False`` (``--restore-file``, where
+        the model is already wrapped for training) creates no table: an unset one is an error."""
+        prefix = ENCODER_PREFIX
+        segments = state.get(prefix + "segment_embeddings.weight")
+        unset = self.encoder.segment_embeddings is None and self.args.num_segments is None
+        if adopt and segments is not None and unset:
+            self.encoder.add_segment_embeddings(segments.size(0))
+        eps = getattr(pretrained_args, "layer_norm_eps", None) if pretrained_args is not None else None
+        if eps is not None and eps != (self.args.layer_norm_eps or 1e-5):
+            if self.args.layer_norm_eps is not None:
+                raise ValueError(f"{source}: LayerNorm epsilon {eps}, --layer-norm-eps {self.args.layer_norm_eps}")
+            self.encoder.set_layer_norm_eps(eps)
+        act = getattr(pretrained_args, "activation_fn", None) if pretrained_args is not None else None
+        if act is not None and act != self.args.activation_fn:
+            raise ValueError(f"{source}: pretrained with --activation-fn {act}, not {self.args.activation_fn}")
+        new = ["segment_embeddings.weight"] if segments is None else []
+        if segments is None and self.encoder.segment_embeddings is not None:
+            nn.init.zeros_(self.encoder.segment_embeddings.weight)  # RoBERTa has no token types: start without them
+        loaded = load_pretrained_part(self.encoder, state, prefix, source, extras=(LM_HEAD_PREFIX,), new=new)
+        # recorded in the args (saved with every checkpoint): what was taken, and that it was
+        table = self.encoder.segment_embeddings
+        self.args.num_segments = table.num_embeddings if table is not None else 0
+        self.args.layer_norm_eps = eps or self.args.layer_norm_eps
+        self.args.kbert_pretrained_loaded = True
+        logger.info(f"K-BERT encoder from {source}: all {len(loaded)} tensors loaded")
 
     def register_classification_head(self, name: str, num_classes: int):
         if name not in self.classification_heads:
@@ -254,47 +323,22 @@ class KBertModel(FairseqEncoderModel):
         return x, extra
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """A RoBERTa / masked_lm checkpoint given to ``--restore-file`` (with ``--reset-optimizer
-        --reset-dataloader --reset-meters --reset-lr-scheduler``) becomes a K-BERT state: its
-        ``encoder.sentence_encoder.*`` weights as ``encoder.*``, its LM head dropped, our heads
-        (and anything else it lacks) as initialized."""
+        """A RoBERTa / masked-LM checkpoint (released or current layout) or a converted BERT given
+        to ``--restore-file`` (with ``--reset-optimizer --reset-dataloader --reset-meters
+        --reset-lr-scheduler``) becomes a K-BERT state: its encoder loaded as by
+        ``--kbert-pretrained`` (all of it, or an error), our heads as initialized."""
         prefix = name + "." if name else ""
-        if any(k.startswith(prefix + "encoder.sentence_encoder.") for k in state_dict):
-            roberta = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            ours, loaded = encoder_state_from_roberta(roberta, self.encoder.state_dict(), "--restore-file")
+        if any(k.startswith(prefix + p) for k in state_dict for p in (ENCODER_PREFIX, "decoder.sentence_encoder.")):
+            theirs = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
             for k in [k for k in state_dict if k.startswith(prefix)]:
                 del state_dict[k]
-            for k, v in self.state_dict().items():
-                state_dict[prefix + k] = ours[k[len("encoder.") :]] if k.startswith("encoder.") else v
-            logger.info(f"K-BERT from a RoBERTa/masked_lm checkpoint: {len(loaded)} encoder tensors loaded")
+            self.load_pretrained_encoder(upgrade_state(theirs), None, "--restore-file", adopt=False)
+            state_dict.update({prefix + k: v for k, v in self.state_dict().items()})
         super().upgrade_state_dict_named(state_dict, name)
 
 
-def encoder_state_from_roberta(state: dict, ours: dict, path: str):
-    """``ours`` (the K-BERT encoder's state dict) with the ``encoder.sentence_encoder.*`` tensors of
-    a fairseq RoBERTa / masked_lm ``state`` put in, and the names loaded. The layer layout is the
-    same; position tables of another length are copied up to the shorter one; any other shape
-    difference (another dictionary or size) is an error."""
-    prefix = "encoder.sentence_encoder."
-    ours, loaded = dict(ours), []
-    for key, value in state.items():
-        name = key[len(prefix) :]
-        if not key.startswith(prefix) or name not in ours:
-            continue
-        target = ours[name]
-        if name == "embed_positions.weight" and value.shape != target.shape:
-            n = min(value.size(0), target.size(0))
-            value, target = torch.cat([value[:n], target[n:]]), target
-        if value.shape != target.shape:
-            raise ValueError(
-                f"{path}: {key} has shape {tuple(value.shape)}, the K-BERT encoder {tuple(target.shape)} "
-                "(pretrain with the same dictionary and sizes)"
-            )
-        ours[name] = value
-        loaded.append(name)
-    if not any(n.startswith("layers.") for n in loaded):
-        raise ValueError(f"{path}: no encoder.sentence_encoder.layers.* weights (not a RoBERTa/masked_lm model?)")
-    return ours, loaded
+ENCODER_PREFIX = "encoder.sentence_encoder."  # RoBERTa's / masked_lm's encoder in fairseq's current layout
+LM_HEAD_PREFIX = "encoder.lm_head."  # its masked-LM head, not part of K-BERT
 
 
 @register_model_architecture("kbert", "kbert_base")
@@ -311,8 +355,9 @@ def kbert_base_architecture(args):
     if getattr(args, "pooler_dropout", None) is None:
         args.pooler_dropout = 0.1
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", False) or False
-    if getattr(args, "num_segments", None) is None:
-        args.num_segments = 0
+    # num_segments and layer_norm_eps stay unset (None) until a pretrained start or the data fix them
+    args.num_segments = getattr(args, "num_segments", None)
+    args.layer_norm_eps = getattr(args, "layer_norm_eps", None)
     args.max_positions = getattr(args, "max_positions", None) or 512
     args.no_visible_matrix = getattr(args, "no_visible_matrix", False) or False
     args.no_soft_positions = getattr(args, "no_soft_positions", False) or False

@@ -25,6 +25,14 @@ Truncation to ``max_len`` tokens drops whole branches before any trunk token, la
 only a trunk longer than ``max_len`` on its own loses its tail (both counts are kept), so the
 original code's fault (cutting the flattened tree, which pushes sentence tokens and their labels
 out while injected tokens stay) cannot happen.
+
+Sentence pairs (``[CLS] a [SEP] b [SEP]``, XNLI / LCQMC): as in the authors' ``run_kbert_cls.py``,
+which builds one tree over the joined text, each sentence has its own branches, the soft positions
+run on through ``[SEP]`` into b, and the visible matrix is that of one tree: every sentence token
+(a's, b's and the ``[SEP]`` s) sees every other, while a branch of a is seen only by its own mention
+in a (and likewise for b). :func:`build_pair_trees` keeps the pair within a length the same way:
+branches go first (b's last mention first, then a's), then trunk tokens from the longer
+sentence's tail, as BERT's ``truncate_seq_pair``.
 """
 
 from dataclasses import dataclass, field
@@ -119,6 +127,28 @@ def build_sentence_tree(
                     tree.branch_ids.append(branch_id)
                     tree.mention_ids.append(k)
     return tree
+
+
+def build_pair_trees(
+    tokens_a: Sequence[str],
+    tokens_b: Sequence[str],
+    kg: Optional[KnowledgeGraph],
+    inject: str = "predicate-object",
+    max_len: Optional[int] = None,
+):
+    """The sentence trees ``(a, b)`` of a pair, together at most ``max_len`` tokens (soft positions
+    from 0 in each; the caller shifts b's and numbers branches and mentions apart, see
+    ``data.kbert_dataset``)."""
+    full_a = build_sentence_tree(tokens_a, kg, inject)
+    if max_len is None:
+        return full_a, build_sentence_tree(tokens_b, kg, inject)
+    n_a, n_b = len(tokens_a), len(tokens_b)
+    if n_a + n_b > max_len:  # no room for any branch: trunks cut from the longer one's tail
+        while n_a + n_b > max_len:
+            n_a, n_b = (n_a - 1, n_b) if n_a >= n_b else (n_a, n_b - 1)
+        return build_sentence_tree(tokens_a, kg, inject, n_a), build_sentence_tree(tokens_b, kg, inject, n_b)
+    b = build_sentence_tree(tokens_b, kg, inject, max(max_len - len(full_a), n_b))  # b's branches go first
+    return build_sentence_tree(tokens_a, kg, inject, max_len - len(b)), b
 
 
 def visible_matrix(branch_ids: Tensor, mention_ids: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:

@@ -73,6 +73,7 @@ class VisibleEncoderLayer(nn.Module):
         dropout, attention_dropout, activation_dropout: dropout rates
         activation_fn: name for ``fairseq.utils.get_activation_fn`` (gelu for BERT)
         normalize_before: pre-LN instead of BERT's post-LN
+        layer_norm_eps: the LayerNorms' epsilon (fairseq's 1e-5; Google's BERT 1e-12)
     """
 
     def __init__(
@@ -85,13 +86,14 @@ class VisibleEncoderLayer(nn.Module):
         activation_dropout: float = 0.0,
         activation_fn: str = "gelu",
         normalize_before: bool = False,
+        layer_norm_eps: float = 1e-5,
     ):
         super().__init__()
         self.self_attn = VisibleSelfAttention(embed_dim, num_heads, attention_dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self.self_attn_layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
-        self.final_layer_norm = nn.LayerNorm(embed_dim)
+        self.final_layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.dropout, self.activation_dropout = dropout, activation_dropout
         self.normalize_before = normalize_before

@@ -1,17 +1,20 @@
 """Prepare a K-BERT task folder from the raw TSVs and a knowledge graph.
 
     python -m fairseq_knowgen.prep.kbert --data DATA/book_review --kg DATA/kgs/HowNet.spo \\
-        --out OUT [--tagging] [--control-seed 1]
+        --out OUT [--tagging] [--control-seed 1] [--srcdict PRETRAINED/dict.txt]
 
 reads ``DATA/train.tsv``, ``DATA/dev.tsv`` and (when present) ``DATA/test.tsv`` (header row naming
-``label`` and ``text_a``; ``--tagging``: space-separated characters and BIO tags) and writes into
-``OUT``:
+``label`` and ``text_a``, and ``text_b`` for sentence pairs; ``--tagging``: space-separated
+characters and BIO tags) and writes into ``OUT``:
 
 * ``data/{train,valid[,test]}.tsv``: the checked rows (dev becomes ``valid``), read by the
-  ``kbert_*`` tasks; ``data/dict.txt``: characters of the training text and of the KG's predicates
-  and objects; ``data/labels.txt``; ``data/eval_splits`` (valid [test]);
-* ``kg/full.spo``: the KG; ``kg/control.spo``: the control KG (objects shuffled among all triples
-  with ``--control-seed``: same subjects, predicates and token budget, no knowledge);
+  ``kbert_*`` tasks; ``data/dict.txt``: the pretrained model's dictionary given with
+  ``--srcdict`` (e.g. ``convert.hf_bert``'s, BERT's vocabulary in its id order), else the
+  characters of the training text and of the KG's predicates and objects; ``data/labels.txt``;
+  ``data/eval_splits`` (valid [test]);
+* with ``--kg``: ``kg/full.spo``, the KG; ``kg/control.spo``: the control KG (objects shuffled
+  among all triples with ``--control-seed``: same subjects, predicates and token budget, no
+  knowledge);
 * ``mlm/{train,valid}.txt``: the sentences as space-separated characters, for the masked-LM
   pretraining stage (``fairseq-preprocess --only-source --srcdict data/dict.txt``).
 
@@ -32,7 +35,7 @@ from fairseq.data import Dictionary
 
 from ..data.kbert_dataset import read_tsv
 from ..modules.knowledge_graph import char_tokenize, control_triples, read_triples, write_triples
-from ..textio import atomic_write, cli_entry
+from ..textio import DataError, atomic_write, cli_entry
 from .common import ensure_dir, write_lines
 
 
@@ -41,7 +44,7 @@ def build_dictionary(examples, triples) -> Dictionary:
     match characters that are already in sentences), most frequent first."""
     d = Dictionary()
     for ex in examples:
-        for tok in ex.tokens:
+        for tok in ex.tokens + (ex.tokens_b or []):
             d.add_symbol(tok)
     for _, p, o in triples:
         for tok in char_tokenize(p) + char_tokenize(o):
@@ -50,13 +53,21 @@ def build_dictionary(examples, triples) -> Dictionary:
     return d
 
 
-def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1):
+def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, srcdict: str = None):
     splits = {"train": "train.tsv", "valid": "dev.tsv"}
     if os.path.isfile(os.path.join(data, "test.tsv")):
         splits["test"] = "test.tsv"
     examples = {s: read_tsv(os.path.join(data, f), tagging) for s, f in splits.items()}  # checks first
-    triples = read_triples(kg)
-    d = build_dictionary(examples["train"], triples)
+    triples = read_triples(kg) if kg else []
+    if srcdict:
+        if not os.path.isfile(srcdict):
+            raise DataError(srcdict, 0, "dictionary not found")
+        try:
+            d = Dictionary.load(srcdict)  # fairseq's own check of the format
+        except (ValueError, RuntimeError) as e:
+            raise DataError(srcdict, 0, f"not a fairseq dict.txt ({e})") from None
+    else:
+        d = build_dictionary(examples["train"], triples)
     labels = sorted(
         {t for ex in examples["train"] for t in ex.label} if tagging else {ex.label for ex in examples["train"]}
     )
@@ -68,16 +79,23 @@ def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1):
         ) as src:
             shutil.copyfileobj(src, f)
     with atomic_write(os.path.join(data_out, "dict.txt")) as f:
-        d.save(f)
+        if srcdict:  # as given: its order is the pretrained model's rows
+            with open(srcdict, encoding="utf-8") as src:
+                shutil.copyfileobj(src, f)
+        else:
+            d.save(f)
     write_lines(os.path.join(data_out, "labels.txt"), labels)
     write_lines(os.path.join(data_out, "eval_splits"), [s for s in splits if s != "train"])
-    write_triples(os.path.join(kg_out, "full.spo"), triples)
-    write_triples(os.path.join(kg_out, "control.spo"), control_triples(triples, control_seed))
+    if kg:
+        write_triples(os.path.join(kg_out, "full.spo"), triples)
+        write_triples(os.path.join(kg_out, "control.spo"), control_triples(triples, control_seed))
     for split in ("train", "valid"):
-        write_lines(os.path.join(mlm_out, f"{split}.txt"), (" ".join(ex.tokens) for ex in examples[split] if ex.tokens))
+        sentences = (ex_tokens for ex in examples[split] for ex_tokens in (ex.tokens, ex.tokens_b) if ex_tokens)
+        write_lines(os.path.join(mlm_out, f"{split}.txt"), (" ".join(x) for x in sentences))
     print(
-        f"{out}: {', '.join(f'{s} {len(x)}' for s, x in examples.items())} examples; {len(d)} dictionary types; "
-        f"{len(labels)} labels; KG {len(triples)} triples (control: objects shuffled, seed {control_seed})"
+        f"{out}: {', '.join(f'{s} {len(x)}' for s, x in examples.items())} examples; {len(d)} dictionary types"
+        f"{' (--srcdict)' if srcdict else ''}; {len(labels)} labels; "
+        + (f"KG {len(triples)} triples (control: objects shuffled, seed {control_seed})" if kg else "no KG")
     )
 
 
@@ -170,12 +188,13 @@ def main(argv=None):
         return webnlg_kg_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="folder with train.tsv, dev.tsv [test.tsv]")
-    p.add_argument("--kg", required=True, help="subject<TAB>predicate<TAB>object file")
+    p.add_argument("--kg", help="subject<TAB>predicate<TAB>object file (none: no KG folder)")
     p.add_argument("--out", required=True)
     p.add_argument("--tagging", action="store_true", help="text_a and label are space-separated characters and tags")
     p.add_argument("--control-seed", type=int, default=1, help="seed of the control KG's object shuffle")
+    p.add_argument("--srcdict", help="the pretrained model's dict.txt, used as data/dict.txt (default: build one)")
     a = p.parse_args(argv)
-    prepare(a.data, a.kg, a.out, a.tagging, a.control_seed)
+    prepare(a.data, a.kg, a.out, a.tagging, a.control_seed, a.srcdict)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 """K-BERT tasks: sentence classification and character-level tagging read from raw TSVs.
 
 ``kbert_classification`` reads ``DATA/{split}.tsv`` with a header naming ``label`` and ``text_a``
-(book_review: ``label<TAB>text_a``, unsegmented Chinese, one token per character) and trains with
-fairseq's ``sentence_prediction`` criterion; ``kbert_tagging`` reads space-separated characters and
-BIO tags (medical_ner: ``text_a<TAB>label``) and trains with ``kbert_tagging``. Both read
-``DATA/dict.txt`` (characters; ``<mask>`` is appended as fairseq's ``masked_lm`` task does, so a
-masked LM pretrained on the same dictionary loads) and ``DATA/labels.txt`` (one label or tag per
+(book_review: ``label<TAB>text_a``, unsegmented Chinese, one token per character), or ``label``,
+``text_a`` and ``text_b`` for sentence pairs (XNLI, LCQMC: ``<s> a </s> b </s>`` with segment ids
+0/1; see ``data.kbert_dataset``), and trains with fairseq's ``sentence_prediction`` criterion;
+``kbert_tagging`` reads space-separated characters and BIO tags (medical_ner: ``text_a<TAB>label``)
+and trains with ``kbert_tagging``. Both read
+``DATA/dict.txt`` (the dictionary of the pretrained model when there is one, e.g. Google's BERT
+vocabulary from ``convert.hf_bert``; else the characters ``prep.kbert`` collected; ``<mask>`` is
+appended as fairseq's ``masked_lm`` task does, so a masked LM pretrained on the same dictionary
+loads) and ``DATA/labels.txt`` (one label or tag per
 line; made from ``train.tsv`` when absent), and inject the knowledge graph ``--kg`` into every
 sentence (K-BERT's knowledge layer; no ``--kg``: plain BERT input). The counts of dropped branches
 and trunk tokens are logged per split.
@@ -115,6 +119,10 @@ class KBertClassificationTask(FairseqTask):
         return ds
 
     def build_model(self, cfg, from_checkpoint=False):
+        pairs = has_text_b(os.path.join(self.cfg.data, "train.tsv"))
+        if not from_checkpoint and getattr(cfg, "num_segments", 0) is None and pairs:
+            cfg.num_segments = 2  # sentence pairs: segment embeddings (recorded in the args, so in checkpoints)
+            logger.info("sentence-pair data: 2 segment embeddings (--num-segments 2)")
         model = super().build_model(cfg, from_checkpoint)
         if self.tagging:
             model.register_tagging_head(self.head_name, len(self.labels))
@@ -144,6 +152,14 @@ class KBertTaggingTask(KBertClassificationTask):
 
     tagging = True
     head_name = "tagging_head"
+
+
+def has_text_b(tsv: str) -> bool:
+    """Whether a TSV's header names a ``text_b`` column (sentence pairs)."""
+    if not os.path.isfile(tsv):
+        return False
+    with open(tsv, encoding="utf-8", errors="replace") as f:
+        return "text_b" in f.readline().rstrip("\r\n").split("\t")
 
 
 def label_set(train_tsv: str, tagging: bool):

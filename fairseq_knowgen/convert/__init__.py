@@ -1,0 +1,1 @@
+"""Checkpoint converters and loaders for released models: one module per source format."""

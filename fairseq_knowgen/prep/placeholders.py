@@ -84,10 +84,13 @@ def build_vocab(
     Markers such as ``<S>``, ``<P>``, ``<O>``, ``<sep>`` (letters in angle brackets) are always
     kept: they are structure, not words (with entity placeholders, many sources differ only
     in their predicates, and a rare predicate set must not turn the markers into placeholders).
+
+    Words of equal count are ranked by the word itself (:func:`ranked`), never by the order of a
+    set, so the vocabulary and ``dict.txt`` do not depend on Python's hash seed.
     """
     generated, source_df = Counter(), Counter()
-    for s in set(src):
-        source_df.update(set(s.split()))
+    for s in dict.fromkeys(src):  # distinct source lines, in file order
+        source_df.update(list(dict.fromkeys(s.split())))  # each word once per line
     for s, t in zip(src, tgt):
         in_src = set(s.split())
         generated.update(w for w in t.split() if w not in in_src)
@@ -95,9 +98,14 @@ def build_vocab(
     for w, df in source_df.items():
         if df >= min_source_df:
             score[w] = max(score[w], df)
-    kept = score.most_common(max_size if max_size > 0 else None)
+    kept = ranked(score)[: max_size if max_size > 0 else None]
     markers = {w: source_df[w] for w in source_df if MARKER.match(w)}
     return Counter({**markers, **dict(kept)})
+
+
+def ranked(vocab: Counter) -> List[Tuple[str, int]]:
+    """``(word, count)`` by decreasing count, ties by the word: the order of ``dict.txt``."""
+    return sorted(vocab.items(), key=lambda wc: (-wc[1], wc[0]))
 
 
 def encode_pair(src: List[str], tgt: List[str], vocab, max_positions: int):
@@ -181,7 +189,7 @@ def _output(path: str):
 
 def write_dict(path: str, vocab: Counter, max_positions: int):
     with atomic_write(path) as f:
-        for w, c in vocab.most_common():
+        for w, c in ranked(vocab):
             f.write(f"{w} {c}\n")
         for i in range(max_positions):
             f.write(f"{placeholder(i)} 0\n")

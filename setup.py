@@ -11,7 +11,7 @@ setup(
     version="0.1.0",
     description="Knowledge-aware text generation methods as registered fairseq components",
     packages=find_packages(include=["fairseq_knowgen", "fairseq_knowgen.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=[
         "sacremoses",
         "subword-nmt",

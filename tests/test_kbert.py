@@ -146,7 +146,10 @@ def test_control_kg_keeps_subjects_predicates_and_the_multiset_of_objects():
 
 
 def write(path, text):
-    path.write_text(text, encoding="utf-8")
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -214,6 +217,10 @@ def prep_inputs(tmp_path, train_ner="text_a\tlabel\n头 痛\tB-Symptom I-Symptom
     [
         ("missing_kg", "missing.spo: knowledge graph file not found"),
         ("kg_two_fields", "kg.spo:2: expected subject<TAB>predicate<TAB>object, found 2 field(s)"),
+        ("kg_four_fields", "kg.spo:3: expected subject<TAB>predicate<TAB>object, found 4 field(s)"),
+        ("kg_empty_object", "kg.spo:2: empty object in subject<TAB>predicate<TAB>object"),
+        ("kg_empty_subject", "kg.spo:1: empty subject in subject<TAB>predicate<TAB>object"),
+        ("kg_bad_utf8", "kg.spo:2: not valid UTF-8"),
         ("tsv_columns", "train.tsv:3: 3 TAB-separated column(s), the header has 2"),
         ("tag_mismatch", "train.tsv:2: 2 tokens but 3 tags"),
     ],
@@ -222,6 +229,10 @@ def test_bad_input_names_file_and_line_and_writes_nothing(tmp_path, case, messag
     kwargs = {
         "missing_kg": {"kg": None},
         "kg_two_fields": {"kg": "头痛\t类别\t症状\n发热\t症状\n"},
+        "kg_four_fields": {"kg": "头痛\t类别\t症状\n\n发热\t类别\t症状\t疾病\n"},  # the empty line 2 is skipped
+        "kg_empty_object": {"kg": "头痛\t类别\t症状\n发热\t类别\t \n"},
+        "kg_empty_subject": {"kg": "\t类别\t症状\n"},
+        "kg_bad_utf8": {"kg": "头痛\t类别\t症状\n".encode() + b"\xff\t\xe7\xb1\t\xe7\x97\x87\n"},
         "tsv_columns": {"train_ner": "text_a\tlabel\n头 痛\tB-Symptom I-Symptom\n发 热\tO O\tX\n"},
         "tag_mismatch": {"train_ner": "text_a\tlabel\n头 痛\tB-Symptom I-Symptom O\n"},
     }[case]
@@ -277,16 +288,18 @@ def test_validation_entity_f1_is_seqeval_strict_typed_f1():
 def test_scores_typed_and_span_only_f1_by_hand(tmp_path):
     """Gold: Disease(0-2), Symptom(3); predicted: Symptom(0-2), Symptom(3). Typed: 1 of 2 right
     (P = R = F1 = 50); span-only (the original code's F1): both spans right (100)."""
-    from fairseq_knowgen.evaluation.kbert_score import main
+    import json
 
     data = tmp_path / "data"
     data.mkdir()
     write(data / "valid.tsv", "text_a\tlabel\n头 痛 ， 咳\tB-Disease I-Disease O B-Symptom\n")
     pred = write(tmp_path / "p", "B-Symptom I-Symptom O B-Symptom\n")
     out = tmp_path / "s.json"
-    main(["--data", str(data), "--pred", str(pred), "--tagging", "--name", "x", "--json-out", str(out)])
-    import json
-
+    args = ["--data", data, "--pred", pred, "--tagging", "--name", "x", "--json-out", out]
+    proc = subprocess.run(
+        [sys.executable, "scripts/kbert_score.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
     scores = json.loads(out.read_text())["x/valid"]
     assert (scores["typed_precision"], scores["typed_recall"], scores["typed_f1"], scores["span_f1"]) == (
         50,

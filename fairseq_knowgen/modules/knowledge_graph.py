@@ -5,12 +5,31 @@ K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowled
 of a sentence, looks up the triples whose subject (head entity) they are, and hangs each
 triple's predicate (relation) and object (tail entity) on the entity as a branch of depth 1.
 
-A KG file has one ``subject<TAB>predicate<TAB>object`` triple per line (``kgs/*.spo``). This
-module reads it (tokenizing each field with a given function: characters for Chinese, spaces for
-English), keeps each subject's triples **in file order** (the original code took
-``list(set(...))[:2]``, whose order depends on Python's hash seed), and finds mentions by
-longest match over the subjects with a token trie, left to right, without overlap (no word
-segmenter is needed at character level).
+The KG file (``--kg PATH`` of the ``kbert_*`` tasks and of ``prep.kbert``; ``kgs/*.spo`` in the
+K-BERT data) is UTF-8 text with one triple per line::
+
+    subject<TAB>predicate<TAB>object
+    头痛<TAB>类别<TAB>症状
+    Beijing<TAB>capital<TAB>China
+
+* exactly three TAB-separated fields, none empty; spaces around a field are removed, and a field
+  may hold spaces (for the word-level tasks, whose tokens are space-separated);
+* empty lines are skipped; there are no comment lines; a byte-order mark at the start is ignored;
+* the subject is matched against the input's tokens: characters for the Chinese tasks
+  (``kbert_classification``, ``kbert_tagging``: spaces in a field are dropped), space-separated
+  words for ``kbert_translation``;
+* a subject's triples are used **in file order**: the first ``--kg-max-entities`` (default 2) of
+  them become branches, so put the most useful first (the original code took ``list(set(...))[:2]``,
+  whose order depends on Python's hash seed); a repeated triple counts once;
+* a branch is the predicate's and the object's tokens (``--kg-inject predicate-object``, the
+  classification default) or the object's alone (``--kg-inject object``, the tagging default).
+
+A line that breaks these rules (not three fields, an empty field, bytes that are not UTF-8) stops
+the run with :class:`~fairseq_knowgen.textio.DataError` naming ``file:line`` (``error: file:line:
+...`` and exit status 2 from ``python -m fairseq_knowgen.prep.kbert``).
+
+Mentions are found by longest match over the subjects with a token trie, left to right, without
+overlap (no word segmenter is needed at character level).
 """
 
 import random
@@ -37,17 +56,21 @@ TOKENIZERS: Dict[str, Callable[[str], List[str]]] = {"char": char_tokenize, "wor
 
 def read_triples(path: str) -> List[Tuple[str, str, str]]:
     """The triples of a KG file in file order; a line without three non-empty TAB-separated
-    fields raises :class:`DataError` naming ``path:line``."""
+    fields (or not UTF-8) raises :class:`DataError` naming ``path:line``."""
     triples = []
     for n, line in enumerate(read_lines(path, "knowledge graph"), start=1):
+        line = line.lstrip("\ufeff") if n == 1 else line
         if not line.strip():
             continue
-        fields = line.split("\t")
-        if len(fields) != 3 or not all(f.strip() for f in fields):
+        fields = [f.strip() for f in line.split("\t")]
+        if len(fields) != 3:
             raise DataError(
                 path, n, f"expected subject<TAB>predicate<TAB>object, found {len(fields)} field(s): {line[:60]!r}"
             )
-        triples.append(tuple(f.strip() for f in fields))
+        empty = [name for name, f in zip(("subject", "predicate", "object"), fields) if not f]
+        if empty:
+            raise DataError(path, n, f"empty {' and '.join(empty)} in subject<TAB>predicate<TAB>object: {line[:60]!r}")
+        triples.append(tuple(fields))
     return triples
 
 

@@ -325,3 +325,47 @@ def test_parse_layers_names_the_flag():
     with pytest.raises(ValueError, match="^--dimattn-layers: layer -3 out of range"):
         parse_layers("-3", 2)
     assert parse_layers("-1,0", 3) == [0, 2]
+
+
+@pytest.mark.parametrize("dim_type", ["dim", "dydim"])
+def test_training_keeps_one_float32_weights_tensor_with_the_same_gradients(dim_type):
+    """Memory (issue 30): a training forward keeps one float32 (B*H) x T x S tensor for backward,
+    the weights after dropout (the chain before them is recomputed in backward), and its output,
+    returned weights and gradients equal the chain written out here with every tensor kept
+    (the same dropout mask: the recomputation restores the RNG state)."""
+    tgt_len, bsz, src_len, heads, dim = 5, 3, 7, 4, 16
+    torch.manual_seed(0)
+    attn = DiminishingMultiheadAttention(dim, heads, dim_type=dim_type, dropout=0.3).train()
+    query, kv = torch.randn(tgt_len, bsz, dim), torch.randn(src_len, bsz, dim)
+    pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    pad[1, :2] = True
+    big = []
+
+    def pack(t):
+        if t.dtype == torch.float32 and t.numel() == bsz * heads * tgt_len * src_len:
+            big.append(t.shape)
+        return t
+
+    def run(by_hand):
+        attn.zero_grad()
+        q, k = query.clone().requires_grad_(), kv.clone().requires_grad_()
+        torch.manual_seed(1)
+        if by_hand:
+            logits, v = attn.masked_logits_and_values(q, k, k, pad, None)
+            w = diminishing_weights(torch.softmax(logits.float(), -1), attn.g, attn.g2)[0]
+            mixed = torch.bmm(torch.nn.functional.dropout(w, 0.3, training=True), v)
+            out = attn.out_proj(mixed.transpose(0, 1).reshape(tgt_len, bsz, dim))
+            w = w.view(bsz, heads, tgt_len, src_len).mean(1)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out, w = attn(q, k, k, key_padding_mask=pad)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return out.detach(), w.detach(), [q.grad, k.grad] + [p.grad.clone() for p in attn.parameters()]
+
+    out, w, grads = run(False)
+    assert len(big) == 1
+    ref_out, ref_w, ref_grads = run(True)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

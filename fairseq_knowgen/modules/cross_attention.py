@@ -8,11 +8,18 @@ layout, one query projection per call, and an optional offset added to the keys 
 they are cached), and the mixing of values with whatever weights a subclass computed.
 :func:`replace_cross_attention` swaps the cross-attention of chosen decoder layers for one
 of these modules with the same shapes.
+
+When the weights are the plain softmax of the logits (an offset in the keys only, as EKI's
+position indicator) and nobody asks for them, :meth:`ReweightedCrossAttention.fused_attention`
+hands the projected queries, keys and values to ``F.scaled_dot_product_attention``: the
+``(B*H) x T x S`` logits and weights are never materialised (the fused kernel on CUDA, and
+PyTorch's flash kernel on CPU).
 """
 
 from typing import Callable, Iterable, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
@@ -52,6 +59,21 @@ class ReweightedCrossAttention(MultiheadAttention):
                 cached steps); returns ``S x kv_bsz x C``, added to the projected keys before
                 they are cached (EKI's E_D, Eq. 9).
         """
+        q, k, v, key_padding_mask, _ = self.project(query, key, value, key_padding_mask, incremental_state, key_offset)
+        return self.masked_logits(q, k, key_padding_mask, query.size(1)), v
+
+    def project(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state,
+        key_offset: Optional[Callable[[int], Tensor]] = None,
+    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int]:
+        """The scaled queries ``(B*H) x T x d``, keys and values ``(kv_bsz*H) x S x d``, the
+        padding mask ``kv_bsz x S`` (or None) and ``kv_bsz``, with the cache of
+        :meth:`masked_logits_and_values` (whose arguments these are)."""
         tgt_len, bsz, _ = query.size()
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         q = self.q_proj(query) * self.scaling
@@ -83,7 +105,12 @@ class ReweightedCrossAttention(MultiheadAttention):
                 saved_state["prev_value"] = v.view(kv_bsz, self.num_heads, -1, self.head_dim)
                 saved_state["prev_key_padding_mask"] = key_padding_mask
                 self._set_input_buffer(incremental_state, saved_state)
-        src_len = k.size(1)
+        return q, k, v, key_padding_mask, kv_bsz
+
+    def masked_logits(self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], bsz: int) -> Tensor:
+        """Padding-masked logits ``(B*H) x T x S`` of :meth:`project`'s queries and keys."""
+        tgt_len, src_len = q.size(1), k.size(1)
+        kv_bsz = k.size(0) // self.num_heads
         if kv_bsz == bsz:
             logits = torch.bmm(q, k.transpose(1, 2))
         else:  # every beam of a sentence against the sentence's one copy of the keys
@@ -96,14 +123,44 @@ class ReweightedCrossAttention(MultiheadAttention):
             pad = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
             logits = logits.view(kv_bsz, -1, self.num_heads, tgt_len, src_len).masked_fill(pad, float("-inf"))
             logits = logits.view(bsz * self.num_heads, tgt_len, src_len)
-        return logits, v
+        return logits
+
+    def fused_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], bsz: int
+    ) -> Tensor:
+        """softmax(logits) mixing the values, by ``F.scaled_dot_product_attention`` (dropout on the
+        weights as fairseq applies it): output ``T x B x C``, equal to :meth:`attend` of the softmax of
+        :meth:`masked_logits`. The beams of a sentence (``B / kv_bsz``) become more queries of its one
+        copy of the keys."""
+        tgt_len, heads, d = q.size(1), self.num_heads, self.head_dim
+        kv_bsz = k.size(0) // heads
+        beams = bsz // kv_bsz
+        # kv_bsz x H x (beams*T) x d against kv_bsz x H x S x d
+        q = q.view(kv_bsz, beams, heads, tgt_len, d).transpose(1, 2).reshape(kv_bsz, heads, beams * tgt_len, d)
+        mask = None
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, -1)  # True: attend
+        dropout = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+        mixed = F.scaled_dot_product_attention(
+            q, k.view(kv_bsz, heads, -1, d), v.view(kv_bsz, heads, -1, d), attn_mask=mask, dropout_p=dropout, scale=1.0
+        )  # q carries the scaling already
+        mixed = mixed.view(kv_bsz, heads, beams, tgt_len, d).transpose(1, 2).reshape(bsz * heads, tgt_len, d)
+        return self.out_proj(mixed.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim))
 
     def attend(
-        self, weights: Tensor, v: Tensor, bsz: int, tgt_len: int, need_weights: bool, need_head_weights: bool
+        self,
+        weights: Tensor,
+        v: Tensor,
+        bsz: int,
+        tgt_len: int,
+        need_weights: bool,
+        need_head_weights: bool,
+        dropped: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Output ``T x B x C`` of mixing the values with ``weights`` (``(B*H) x T x S``,
-        dropout applied here), and the weights to return as fairseq does."""
-        w = self.dropout_module(weights)
+        dropout applied here unless the caller gives the ``dropped`` weights), and the weights
+        (before dropout) to return as fairseq does."""
+        w = self.dropout_module(weights) if dropped is None else dropped
         kv_bsz = v.size(0) // self.num_heads
         if kv_bsz == bsz:
             mixed = torch.bmm(w, v)

@@ -43,6 +43,14 @@ Training computes all steps at once with a cumulative sum and a cumulative max o
 time; incremental decoding keeps the running coverage c^{t-1} and running max per
 (sentence x beam, head, source position) in fairseq's incremental state, so that every
 step costs the same however many steps came before.
+
+Memory: the weights are a chain of ``(B*H) x T x S`` operations (logits, softmax, cumulative
+sum and max, g's increments, dropout), each of which autograd would keep for backward. With
+gradients, the chain from the projected queries and keys to the weights after dropout runs
+under ``torch.utils.checkpoint`` (non-reentrant, RNG state restored so that dropout draws the
+same mask): backward recomputes it, and the layer keeps one float32 ``(B*H) x T x S`` tensor
+for backward, the weights that mix the values, at the price of computing the weights twice
+per training step.
 """
 
 import math
@@ -51,6 +59,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .cross_attention import ReweightedCrossAttention
 
@@ -251,21 +260,42 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
         if attn_mask is not None or before_softmax:
             raise ValueError("diminishing attention is encoder-decoder attention: no attn_mask")
         tgt_len, bsz, _ = query.size()
-        # the parent projects q, k, v, reads/writes the cached keys and values, masks padding
-        logits, v = self.masked_logits_and_values(
-            query, key, value, key_padding_mask, incremental_state, key_offset=key_offset
-        )
-        probs = F.softmax(logits.float(), dim=-1)
+        # the parent projects q, k, v, reads/writes the cached keys and values
+        q, k, v, pad, _ = self.project(query, key, value, key_padding_mask, incremental_state, key_offset=key_offset)
+        if incremental_state is None and torch.is_grad_enabled():
+            # recomputed in backward, dropout's mask with it (the RNG state is restored; see the module docstring)
+            weights, dropped = checkpoint(self.dropped_weights, q, k, pad, bsz, use_reentrant=False)
+            return self.attend(weights, v, bsz, tgt_len, need_weights, need_head_weights, dropped=dropped)
         if incremental_state is None:
-            probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
-
-        state = self._get_coverage_state(incremental_state)
-        weights, cov, run_max = diminishing_weights(
-            probs, self.g, self.g2, state.get("coverage"), state.get("max"), self.normalize
-        )
-        if incremental_state is not None:
+            weights = self.weights(q, k, pad, bsz)[0]
+        else:
+            state = self._get_coverage_state(incremental_state)
+            weights, cov, run_max = self.weights(q, k, pad, bsz, state.get("coverage"), state.get("max"))
             self._set_coverage_state(incremental_state, {"coverage": cov, "max": run_max})
-        return self.attend(weights.type_as(logits), v, bsz, tgt_len, need_weights, need_head_weights)
+        return self.attend(weights.to(q.dtype), v, bsz, tgt_len, need_weights, need_head_weights)
+
+    def dropped_weights(
+        self, q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], bsz: int
+    ) -> Tuple[Tensor, Tensor]:
+        """The weights of a whole sequence (:meth:`weights`) and the same after dropout."""
+        weights = self.weights(q, k, key_padding_mask, bsz)[0].to(q.dtype)
+        return weights, self.dropout_module(weights)
+
+    def weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        key_padding_mask: Optional[Tensor],
+        bsz: int,
+        prev_coverage: Optional[Tensor] = None,
+        prev_max: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """:func:`diminishing_weights` of the softmax of the masked logits of :meth:`project`'s
+        queries and keys (float32 ``(B*H) x T x S``), with the coverage state after them."""
+        probs = F.softmax(self.masked_logits(q, k, key_padding_mask, bsz).float(), dim=-1)
+        if prev_coverage is None:
+            probs = probs.nan_to_num(0.0)  # rows whose whole source is padding
+        return diminishing_weights(probs, self.g, self.g2, prev_coverage, prev_max, self.normalize)
 
     def _get_coverage_state(self, incremental_state) -> Dict[str, Tensor]:
         if incremental_state is None:

@@ -17,7 +17,11 @@ encoder-decoder attention::
 
 implemented exactly so: E_D(D) is added to the projected keys once per source (before
 fairseq's incremental-state cache stores them), so a decoding step costs what fairseq's
-attention costs and the cache keeps fairseq's layout and beam reordering. Each decoder layer
+attention costs and the cache keeps fairseq's layout and beam reordering. With the keys so
+modified the weights are a plain softmax: when the caller does not ask for them (fairseq's
+decoder asks in its alignment layer only, in training) the layer runs
+``F.scaled_dot_product_attention`` on the modified keys
+(:meth:`~fairseq_knowgen.modules.cross_attention.ReweightedCrossAttention.fused_attention`). Each decoder layer
 with the indicator has its own E_D (``distance_embed``, ``max_distance + 1`` rows). E_D starts
 at zero (the pretrained attention unchanged) and is reset to zero after fairseq's own
 initialization (BART's ``init_bert_params``), see :meth:`PositionIndicatorAttention.reset_eki_parameters`.
@@ -95,13 +99,10 @@ class PositionIndicatorAttention(ReweightedCrossAttention):
         if distances is None:
             raise ValueError("the position indicator needs the prototype distances of the source")
         tgt_len, bsz, _ = query.size()
-        logits, v = self.masked_logits_and_values(
-            query,
-            key,
-            value,
-            key_padding_mask,
-            incremental_state,
-            key_offset=functools.partial(self.distance_keys, distances),
-        )
+        offset = functools.partial(self.distance_keys, distances)
+        q, k, v, pad, _ = self.project(query, key, value, key_padding_mask, incremental_state, key_offset=offset)
+        if not (need_weights or need_head_weights or before_softmax):
+            return self.fused_attention(q, k, v, pad, bsz), None
+        logits = self.masked_logits(q, k, pad, bsz)
         probs = F.softmax(logits.float(), dim=-1).type_as(logits)
         return self.attend(probs, v, bsz, tgt_len, need_weights, need_head_weights)

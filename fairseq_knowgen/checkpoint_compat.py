@@ -13,7 +13,10 @@ everything else: we never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` nor pass
 
 What fairseq puts in a checkpoint (``Trainer.state_dict``): tensors, plain containers,
 numbers and strings, ``argparse.Namespace`` (legacy ``"args"``), and in
-``extra_state["metrics"]`` the meter states, whose numbers may be NumPy scalars.
+``extra_state["metrics"]`` the meter states, whose numbers may be NumPy scalars. fairseq 0.9 and
+earlier pickled the meter objects themselves under ``extra_state["train_meters"]`` (released
+checkpoints do, pytorch/hub#86), from the module ``fairseq.meters`` that is now
+``fairseq.logging.meters``.
 """
 
 import argparse
@@ -28,15 +31,26 @@ def fairseq_checkpoint_globals():
     - ``argparse.Namespace``: the legacy ``"args"`` and the model config under ``"cfg"``;
     - NumPy arrays (``_reconstruct``, ``ndarray``, ``dtype``): meter states, e.g. the BLEU
       n-gram counts logged by ``--eval-bleu``;
-    - NumPy scalars (``scalar``): meter sums that were NumPy numbers.
+    - NumPy scalars (``scalar``): meter sums that were NumPy numbers;
+    - fairseq <= 0.9's ``fairseq.meters.AverageMeter``, ``TimeMeter``, ``StopwatchMeter``
+      (``extra_state["train_meters"]``), under that old module path.
     """
-    try:  # numpy >= 2 moved the pickling helpers to numpy._core
+    try:  # numpy >= 2 moved the pickling helpers to numpy._core (1.26 has both names)
         from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # pragma: no cover - numpy 1.x
+    except ImportError:  # pragma: no cover - numpy < 1.26
         from numpy.core.multiarray import _reconstruct, scalar
+    from fairseq.logging import meters
+
+    # a checkpoint names the helpers by the module of the NumPy that wrote it: allow both spellings
+    numpy_helpers = [
+        (f, f"{module}.multiarray.{f.__name__}")
+        for f in (_reconstruct, scalar)
+        for module in ("numpy.core", "numpy._core")
+    ]
+    old_meters = [(getattr(meters, n), f"fairseq.meters.{n}") for n in ("AverageMeter", "TimeMeter", "StopwatchMeter")]
     # an array or scalar pickles its dtype as an instance of a per-type class (Int64DType...)
     dtype_classes = [type(np.dtype(t)) for t in _NUMERIC_DTYPES]
-    return [argparse.Namespace, _reconstruct, scalar, np.ndarray, np.dtype] + dtype_classes
+    return [argparse.Namespace, np.ndarray, np.dtype] + numpy_helpers + old_meters + dtype_classes
 
 
 _NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")

@@ -28,6 +28,75 @@ def test_allow_list_is_exact_and_global_switch_is_off(tmp_path):
         torch.load(p)
 
 
+def test_fairseq_09_train_meters_load(tmp_path):
+    """fairseq <= 0.9 pickled its meters, from the module ``fairseq.meters``, in
+    ``extra_state["train_meters"]`` (released checkpoints, pytorch/hub#86). Such a file, written in
+    torch's legacy format with the classes under their old module, loads through fairseq's own
+    ``load_checkpoint_to_cpu`` (weights-only), meter values intact."""
+    import collections
+
+    import fairseq_knowgen  # noqa: F401
+    from fairseq import checkpoint_utils
+    from fairseq.logging import meters
+
+    classes = (meters.AverageMeter, meters.TimeMeter, meters.StopwatchMeter)
+    loss, wps, wall = (cls() for cls in classes)
+    loss.update(3.0, n=2)
+    loss.update(6.0, n=1)
+    wps.update(40)
+    wall.start()
+    wall.stop(n=5)
+    state = {
+        "model": {"w": torch.arange(3.0)},
+        "args": argparse.Namespace(arch="transformer"),
+        "optimizer_history": [
+            {
+                "criterion_name": "CrossEntropyCriterion",
+                "optimizer_name": "Adam",
+                "lr_scheduler_state": {"best": 1.0},
+                "num_updates": 7,
+            }
+        ],
+        "extra_state": {"train_meters": collections.OrderedDict(loss=loss, wps=wps, wall=wall)},
+    }
+    try:
+        for cls in classes:
+            cls.__module__ = "fairseq.meters"
+        torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    finally:
+        for cls in classes:
+            cls.__module__ = "fairseq.logging.meters"
+    raw = (tmp_path / "old.pt").read_bytes()
+    assert b"fairseq.meters" in raw and b"fairseq.logging" not in raw
+    loaded = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "old.pt"))
+    got = loaded["extra_state"]["train_meters"]
+    assert isinstance(got["loss"], meters.AverageMeter) and got["loss"].avg == 4.0 and got["loss"].count == 3
+    assert isinstance(got["wps"], meters.TimeMeter) and got["wps"].n == 40
+    assert isinstance(got["wall"], meters.StopwatchMeter) and got["wall"].n == 5
+    assert torch.equal(loaded["model"]["w"], torch.arange(3.0))
+    # the loader stays weights-only: an unlisted class in the same place is still refused
+    state["extra_state"]["train_meters"] = {"other": NotAllowListed()}
+    torch.save(state, tmp_path / "other.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(pickle.UnpicklingError, match="NotAllowListed"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "other.pt"))
+
+
+@pytest.mark.parametrize("written_by", ["numpy.core", "numpy._core"])
+def test_numpy_meter_values_load_under_either_numpy_module_name(tmp_path, written_by):
+    """NumPy 1.x pickles arrays and scalars through ``numpy.core.multiarray``, NumPy 2 through
+    ``numpy._core.multiarray``: a checkpoint's meter values load whichever NumPy wrote it (the
+    module name in torch's legacy pickle is rewritten to the other spelling)."""
+    import fairseq_knowgen  # noqa: F401
+
+    torch.save({"m": np.arange(3), "s": np.float64(2.5)}, tmp_path / "ck.pt", _use_new_zipfile_serialization=False)
+    raw = (tmp_path / "ck.pt").read_bytes()
+    here = "numpy._core" if b"numpy._core.multiarray" in raw else "numpy.core"
+    (tmp_path / "ck.pt").write_bytes(raw.replace(f"{here}.multiarray".encode(), f"{written_by}.multiarray".encode()))
+    assert f"{written_by}.multiarray".encode() in (tmp_path / "ck.pt").read_bytes()
+    state = torch.load(tmp_path / "ck.pt")
+    assert state["m"].tolist() == [0, 1, 2] and state["s"] == 2.5
+
+
 def _log_updates(stdout_stderr):
     return [line for line in stdout_stderr.splitlines() if "num_updates" in line]
 

@@ -3,6 +3,7 @@ content bias tau, null content, the self-reconstruction mask, incremental == ful
 across a beam reorder), the frozen LM, the losses' gradients, the update counting, decoding with
 fairseq's search, bad input."""
 
+import argparse
 import math
 import random
 
@@ -11,7 +12,7 @@ import torch
 from conftest import run_cli
 from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
-from fairseq_knowgen.criterions.cocon import CoConCriterion, sample_splits
+from fairseq_knowgen.criterions.cocon import CoConCriterion, sample_fixed_splits, sample_splits, span_mask
 from fairseq_knowgen.modules.cocon_block import CoConAttention, CoConBlock
 from fairseq_knowgen.modules.cocon_discriminator import HiddenStateDiscriminator, discriminator_losses
 
@@ -63,15 +64,16 @@ def hand_attention(attn, x, c, tau=None, pad=None):
     """Eq. 6 with one head, written out per query and key from the projection weights."""
     T, S = x.size(0), (0 if c is None else c.size(0))
     Wq, bq = attn.q_proj.weight, attn.q_proj.bias
-    Wk, bk = attn.k_proj.weight, attn.k_proj.bias
-    Wv, bv = attn.v_proj.weight, attn.v_proj.bias
-    keys = ([] if c is None else [c[s, 0] for s in range(S)]) + [x[t, 0] for t in range(T)]
+    text = [(attn.k_proj, attn.v_proj)] * T
+    content_proj = (attn.content_k_proj, attn.content_v_proj) if attn.content_kv_mode == "separate" else text[0]
+    inputs = ([] if c is None else [c[s, 0] for s in range(S)]) + [x[t, 0] for t in range(T)]
+    kv = [(k.weight @ v_in + k.bias, v.weight @ v_in + v.bias) for (k, v), v_in in zip([content_proj] * S + text, inputs)]
     out = []
     for i in range(T):
         q = Wq @ x[i, 0] + bq
         logits = []
-        for j, kv in enumerate(keys):
-            score = float(q @ (Wk @ kv + bk)) / math.sqrt(x.size(-1))
+        for j, (key, _) in enumerate(kv):
+            score = float(q @ key) / math.sqrt(x.size(-1))
             if j < S:
                 if pad is not None and pad[j]:
                     score = -math.inf
@@ -83,15 +85,16 @@ def hand_attention(attn, x, c, tau=None, pad=None):
         m = max(logits)
         w = [math.exp(v - m) for v in logits]
         z = sum(w)
-        ctx = sum((wi / z) * (Wv @ kv + bv) for wi, kv in zip(w, keys))
+        ctx = sum((wi / z) * value for wi, (_, value) in zip(w, kv))
         out.append(attn.out_proj.weight @ ctx + attn.out_proj.bias)
     return torch.stack(out)
 
 
 @pytest.mark.parametrize("tau", [None, [0.0, 0.0, 0.0], [2.0, -1.0, 5.0]])
-def test_attention_over_content_and_causal_self_by_hand(tau):
+@pytest.mark.parametrize("content_kv", ["separate", "shared"])
+def test_attention_over_content_and_causal_self_by_hand(tau, content_kv):
     torch.manual_seed(0)
-    attn = CoConAttention(4, 1).double()
+    attn = CoConAttention(4, 1, content_kv=content_kv).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p)
     x, c = torch.randn(3, 1, 4).double(), torch.randn(3, 1, 4).double()
@@ -157,7 +160,7 @@ def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_d
     n_words = target.ne(1).sum(1) - 1
     t = torch.minimum(torch.full_like(n_words, 2), n_words - 1)
     dec = model.decoder
-    content, states, cpad, qmask = crit.self_content(dec, target, n_words, t)
+    content, states, cpad, qmask = crit.self_content(dec, target, t, n_words - t)
     b = int((~cpad).sum(1).argmax())
     L = int((~cpad[b]).sum())
     assert L >= 3
@@ -188,7 +191,7 @@ def test_random_self_mask_hides_the_same_columns_from_every_step(cocon_data):
     hidden = 0
     real = 0
     for seed in range(20):
-        content, states, cpad, qmask = crit.self_content(dec, target, n_words, t, torch.Generator().manual_seed(seed))
+        content, states, cpad, qmask = crit.self_content(dec, target, t, n_words, torch.Generator().manual_seed(seed))
         assert qmask.shape == (target.size(0), target.size(1), content.size(1))
         assert (qmask == qmask[:, :1]).all()  # one column set per sentence, for every step
         assert not (qmask[:, 0] & cpad).any()  # padding is not counted as hidden
@@ -197,7 +200,7 @@ def test_random_self_mask_hides_the_same_columns_from_every_step(cocon_data):
         real += int((~cpad).sum())
     assert 0.35 < hidden / real < 0.6
     # behaviour: a hidden column changes no output anywhere in its sentence, a visible one does
-    content, states, cpad, qmask = crit.self_content(dec, target, n_words, t, torch.Generator().manual_seed(0))
+    content, states, cpad, qmask = crit.self_content(dec, target, t, n_words, torch.Generator().manual_seed(0))
     b = int(((qmask[:, 0] & ~cpad).sum(1) * ((~qmask[:, 0]) & ~cpad).sum(1)).argmax())
     hid = int(qmask[b, 0].nonzero()[0])
     vis = int(((~qmask[b, 0]) & ~cpad[b]).nonzero()[0])
@@ -220,7 +223,7 @@ def test_self_mask_choices_and_earlier_checkpoints_values(cocon_data, value, mod
     if mode == "none":
         batch = first_batch(task)
         n_words = batch["target"].ne(1).sum(1) - 1
-        assert crit.self_content(model.decoder, batch["target"], n_words, torch.zeros_like(n_words))[3] is None
+        assert crit.self_content(model.decoder, batch["target"], torch.zeros_like(n_words), n_words)[3] is None
 
 
 def test_unknown_self_mask_is_refused(cocon_data):
@@ -251,6 +254,29 @@ def test_split_points_within_bounds():
         t = sample_splits(n, 3, 2)
         assert (t <= (n - 1).clamp(min=0)).all()
         assert ((t >= 3) | (n - 2 < 3)).all()
+
+
+def test_fixed_splits_follow_the_authors_scheme():
+    """--cocon-split fixed: prefix P + d and content C - d (d in -J..J) where the sentence is long enough; a
+    short sentence keeps --cocon-min-content words of content by a shorter prefix."""
+    n = torch.tensor([40] * 500 + [12, 7, 3, 0])
+    t, m = sample_fixed_splits(n, prefix_len=10, content_len=20, jitter=2, min_content=5, max_content=32)
+    d = t[:500] - 10
+    assert set(d.tolist()) == {-2, -1, 0, 1, 2}  # every offset is drawn
+    assert torch.equal(m[:500], 20 - d)  # the content shrinks as the prefix grows (their sum is fixed)
+    assert t[500:].tolist() == [7, 2, 0, 0] and m[500:].tolist() == [5, 5, 3, 0]
+    assert sample_fixed_splits(n, 10, 20, 2, 5, 16)[1][:500].max() == 16  # --cocon-max-content cuts
+
+
+def test_split_sampling_stays_on_the_models_device():
+    """The split points of a training step are drawn where the data lies (a CUDA batch must not meet a CPU
+    random tensor: the crash at --cocon-cycle-start on GPUs). On the meta device any CPU tensor in the
+    arithmetic raises."""
+    n = torch.empty(6, dtype=torch.long, device="meta")
+    t = sample_splits(n, 0, 1)
+    tf, m = sample_fixed_splits(n, 10, 20, 2, 5, 32)
+    assert t.device.type == tf.device.type == m.device.type == "meta"
+    assert span_mask(12, tf, m, n).device.type == "meta"
 
 
 def test_content_states_do_not_depend_on_batch_padding(cocon_data):
@@ -335,16 +361,20 @@ def test_incremental_equals_full_when_beams_reorder_and_inputs_finish(cocon_data
 
 def test_content_keys_are_computed_once_per_sentence(cocon_data):
     """O(1) work per new token: the content's keys/values are projected on the first step only and
-    stay the same tensors (no per-step copy) through steps and beam reorders within each input."""
+    kept once per input (not per beam row) with the same values through steps and beam reorders
+    within each input."""
     task, model = build(cocon_data)
     src = torch.tensor([[4, 5, 6, 7], [8, 9, 1, 1]])
     beam = 3
     enc = model.encoder.reorder_encoder_out(model.encoder(src), torch.arange(2).repeat_interleave(beam))
     prev = torch.randint(4, 20, (2 * beam, 6))
     prev[:, 0] = 2
-    calls = []
-    handle = model.decoder.block.attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape)))
+    calls, content_calls = [], []
     attn = model.decoder.block.attn
+    handles = [
+        attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape))),
+        attn.content_k_proj.register_forward_hook(lambda m, i, o: content_calls.append(tuple(i[0].shape))),
+    ]
     seen = []
     with torch.no_grad():
         state = {}
@@ -353,9 +383,10 @@ def test_content_keys_are_computed_once_per_sentence(cocon_data):
             seen.append(attn.get_incremental_state(state, "cocon")["content_k"])
             # a beam reorder within each input (rows 0-2 belong to input 0, rows 3-5 to input 1)
             model.decoder.reorder_incremental_state_scripting(state, torch.tensor([2, 0, 0, 5, 3, 4]))
-    handle.remove()
-    assert sorted(calls) == [(1, 6, 16), (4, 2, 16)]  # first step only: the new tokens, the two contents
-    assert all(k is seen[0] for k in seen) and seen[0].size(0) == 2
+    for h in handles:
+        h.remove()
+    assert calls == [(1, 6, 16)] and content_calls == [(4, 2, 16)]  # first step only: new tokens, two contents
+    assert all(torch.equal(k, seen[0]) for k in seen) and seen[0].size(0) == 2
 
 
 # -- the losses --------------------------------------------------------------------------------------------------
@@ -368,15 +399,22 @@ def test_discriminator_and_generator_gradients_are_separated():
     fake = torch.randn(3, 5, 8, requires_grad=True)
     pad = torch.zeros(3, 5, dtype=torch.bool)
     pad[0, 3:] = True
-    l_disc, l_adv = discriminator_losses(disc, real, fake, pad)
+    l_disc, l_adv = discriminator_losses(disc, real, fake, None, pad)
     g = torch.autograd.grad(l_disc, [real, fake, *disc.parameters()], allow_unused=True)
     assert g[0] is None and g[1] is None and all(x is not None and x.abs().sum() > 0 for x in g[2:])
     g = torch.autograd.grad(l_adv, [real, fake, *disc.parameters()], allow_unused=True)
     assert g[0] is None and g[1].abs().sum() > 0 and all(x is None for x in g[2:])
     assert g[1][0, 3:].eq(0).all()  # padded positions are not pooled
-    # L_adv = -log sigmoid(D(fake)), by hand
-    z = disc(fake, pad)
-    assert torch.allclose(l_adv, -torch.nn.functional.logsigmoid(z).sum())
+    # L_adv = -log sigmoid(D(fake)), L_disc = -log sigmoid(D(real)) - log(1 - sigmoid(D(fake))), by hand
+    zf, zr = disc(fake, pad), disc(real)
+    sig = torch.sigmoid
+    assert torch.allclose(l_adv, -torch.log(sig(zf)).sum())
+    assert torch.allclose(l_disc, -(torch.log(sig(zr)) + torch.log(1 - sig(zf))).sum())
+    # rows: only the kept sequences count
+    rows = torch.tensor([True, False, True])
+    l_disc_r, l_adv_r = discriminator_losses(disc, real, fake, None, pad, rows)
+    assert torch.allclose(l_adv_r, -torch.log(sig(zf))[rows].sum())
+    assert torch.allclose(l_disc_r, -(torch.log(sig(zr)) + torch.log(1 - sig(zf)))[rows].sum())
 
 
 def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
@@ -386,15 +424,15 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
     batch = first_batch(task)
     dec = model.decoder
     target, prev = batch["target"], batch["net_input"]["prev_output_tokens"]
-    n_words = target.ne(1).sum(1) - 1
     h, pad = dec.lower(prev)
-    loss, n = crit.cycle_loss(model, batch, h, pad, n_words)
+    crit.cycle_split = lambda T: (2, 32)  # a split every sentence of the batch can take
+    loss, n = crit.cycle_loss(model, crit.cycle(model, batch, h), pad)
     loss.backward()
     assert n > 0 and loss > 0
     # --cocon-cycle-sentences 2: the first two sentences only
-    _, n2 = CoConCriterion(task, cocon_cycle_steps=3, cocon_cycle_sentences=2).cycle_loss(
-        model, batch, h.detach(), pad, n_words
-    )
+    crit2 = CoConCriterion(task, cocon_cycle_steps=3, cocon_cycle_sentences=2)
+    crit2.cycle_split = crit.cycle_split
+    _, n2 = crit2.cycle_loss(model, crit2.cycle(model, batch, h.detach()), pad)
     assert 0 < n2 <= int(target[:2].ne(1).sum()) < n
     grads = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
     assert all(grads[k] is not None and grads[k].abs().sum() > 0 for k in grads if k.startswith("decoder.block."))
@@ -403,10 +441,11 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
     model.zero_grad()
     q = target[:, :3].clone()
     qs, qp = dec.encode_content_tensor(q)
-    q1 = crit.generate_soft(dec, prev[:, :2], qs, qp)
+    q1, states = crit.generate_soft(dec, prev[:, :2], qs, qp)
     assert q1.shape[1] == 3 and torch.allclose(q1.sum(-1), torch.ones(q1.shape[:2]))
+    assert states.shape == (q1.size(0), 3, dec.embed_dim)  # the block's states that generated q^1
     q1[..., 5].sum().backward()
-    assert dec.block.attn.k_proj.weight.grad.abs().sum() > 0
+    assert dec.block.attn.content_k_proj.weight.grad.abs().sum() > 0
 
 
 def test_soft_generation_equals_a_full_recomputation(cocon_data):
@@ -418,7 +457,7 @@ def test_soft_generation_equals_a_full_recomputation(cocon_data):
     content = torch.tensor([[8, 9, 10], [11, 12, 1]])
     cs, cp = dec.encode_content_tensor(content)
     with torch.no_grad():
-        ys = crit.generate_soft(dec, prefix, cs, cp)
+        ys, states = crit.generate_soft(dec, prefix, cs, cp)
         emb = dec.lm.embed_tokens
         soft = torch.cat([emb(prefix), ys[:, :-1] @ emb.weight], dim=1)
         toks = torch.cat([prefix, torch.full((2, 3), 3)], dim=1)
@@ -427,17 +466,17 @@ def test_soft_generation_equals_a_full_recomputation(cocon_data):
         logits = dec.lm_logits(dec.upper(h))
     want = torch.softmax(logits[:, prefix.size(1) - 1 :], -1)
     assert torch.allclose(ys, want, atol=1e-5)
+    # the adversarial loss's fake side: the block's states at the positions that generated q^1
+    assert torch.allclose(states, h[prefix.size(1) - 1 :].transpose(0, 1), atol=1e-5)
 
 
 def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_data, monkeypatch):
     """Section 3.1, Cycle Reconstruction Loss: q^1 = f(p', c = q) from the *other* sentence's prefix p'
     and this sentence's q; then q^2 = f(p, c = q^1) is scored against q. Assembled row by row (each row
     alone, so no batching is shared with the criterion), with x' of row b = row b - 1."""
-    import fairseq_knowgen.criterions.cocon as cc
-
     torch.manual_seed(0)  # the block's start
     task, model = build(cocon_data)
-    crit = CoConCriterion(task, cocon_cycle_steps=3)
+    crit = CoConCriterion(task, cocon_cycle_steps=3, cocon_min_content=1)
     batch = first_batch(task)
     dec = model.decoder
     with torch.no_grad():  # outputs that depend strongly on the content (an untrained LM and block barely do)
@@ -448,17 +487,17 @@ def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_d
     n_words = target.ne(1).sum(1) - 1
     tc = 2
     assert int(n_words.min()) > tc
-    monkeypatch.setattr(cc, "sample_splits", lambda *a, **k: torch.tensor([tc]))
+    crit.cycle_split = lambda T: (tc, crit.max_content)
     sub = {"target": target, "net_input": {"prev_output_tokens": prev}}
     with torch.no_grad():
         h, pad = dec.lower(prev)
-        got, n = crit.cycle_loss(model, sub, h, pad, n_words)
+        got, n = crit.cycle_loss(model, crit.cycle(model, sub, h), pad)
         want, count = 0.0, 0
         emb = dec.lm.embed_tokens.weight
         for b in range(4):
             other = (b - 1) % 4
             q = target[b : b + 1, tc : tc + min(int(n_words[b]) - tc, crit.max_content)]  # x^b of row b
-            q1 = crit.generate_soft(dec, prev[other : other + 1, : tc + 1], *dec.encode_content_tensor(q))
+            q1, _ = crit.generate_soft(dec, prev[other : other + 1, : tc + 1], *dec.encode_content_tensor(q))
             c1, _ = dec.encode_contents(None, q.device, soft=q1 @ emb)
             hb, pb = dec.lower(prev[b : b + 1, : int(n_words[b]) + 1])  # row b unpadded: p then q
             h2, _ = dec.block(hb, c1.transpose(0, 1))
@@ -471,7 +510,7 @@ def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_d
     # pairing rows with themselves (x' = x) gives another loss: the pairing above is what was checked
     monkeypatch.setattr(torch, "roll", lambda x, *a, **k: x)
     with torch.no_grad():
-        same, _ = crit.cycle_loss(model, sub, h, pad, n_words)
+        same, _ = crit.cycle_loss(model, crit.cycle(model, sub, h), pad)
     assert abs(float(same) - want) > 1e-2 * abs(want)
 
 
@@ -716,6 +755,26 @@ def test_checkpoint_round_trip_and_resume(cocon_data, cocon_ckpt, tmp_path):
     assert not torch.equal(after["model"]["decoder.block.fc1.weight"], saved["decoder.block.fc1.weight"])
 
 
+def test_checkpoint_from_before_the_content_kv_flag_loads_as_shared(cocon_data, cocon_ckpt, tmp_path):
+    """A checkpoint saved before --cocon-content-kv existed (no such attribute, no content_k/v_proj weights:
+    its block shared the text's projections) loads strictly, as ``shared``, with the same outputs; today's
+    checkpoints carry ``separate``."""
+    from fairseq import checkpoint_utils
+
+    state = torch.load(cocon_ckpt, weights_only=False)
+    assert state["cfg"]["model"].cocon_content_kv == "separate"
+    assert any(".content_k_proj." in k for k in state["model"])
+    old = dict(state)
+    old["model"] = {k: v for k, v in state["model"].items() if ".content_k_proj." not in k and ".content_v_proj." not in k}
+    old["cfg"]["model"] = argparse.Namespace(**{k: v for k, v in vars(state["cfg"]["model"]).items() if not k.startswith("cocon_content_kv")})
+    path = tmp_path / "old.pt"
+    torch.save(old, path)
+    model = checkpoint_utils.load_model_ensemble([str(path)])[0][0].eval()
+    assert model.decoder.block.attn.content_kv_mode == "shared"
+    assert not hasattr(model.decoder.block.attn, "content_k_proj")
+    assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
+
+
 def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
     data, lm = cocon_data
     gen = tmp_path / "gen"
@@ -822,3 +881,36 @@ def test_interactive_empty_content_exits_2(cocon_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         task.build_dataset_for_inference(src, [src[0].numel()])
     assert e.value.code == 2
+
+
+# -- no host-device syncs -----------------------------------------------------------------------------------------
+
+
+def test_training_step_and_decoding_steps_make_no_host_device_sync(cocon_data):
+    """On the meta device every host-device sync raises (``.item()``, ``bool()``, ``.tolist()`` of a
+    device tensor): a training step with all four losses on (the discriminator learning) and the
+    block's incremental decoding steps run there, so they make none (fairseq's own trainer and
+    search are not part of this)."""
+    task, model = build(cocon_data, "--criterion", "cocon")
+    crit = CoConCriterion(task, cocon_cycle_start=0, cocon_adv_start=0, cocon_cycle_steps=3)
+    batch = first_batch(task)
+    meta = {
+        "target": batch["target"].to("meta"),
+        "ntokens": batch["ntokens"],
+        "net_input": {k: (v.to("meta") if torch.is_tensor(v) else v) for k, v in batch["net_input"].items()},
+    }
+    model = model.to("meta").train()
+    crit.set_update_num(0)
+    loss, size, log = crit(model, meta)
+    assert loss.device.type == size.device.type == log["loss_self"].device.type == "meta"
+    loss.backward()
+    # decoding: the block's first call with the content, then one step at a time, a beam reorder between
+    block = CoConBlock(8, 2, 16, dropout=0.0).to("meta").eval()
+    state = {}
+    h, c = torch.randn(3, 4, 8, device="meta"), torch.randn(5, 2, 8, device="meta")
+    rows = torch.tensor([0, 0, 1, 1], device="meta")
+    block(h, c, content_rows=rows, incremental_state=state)
+    for _ in range(3):
+        out, _ = block(torch.randn(1, 4, 8, device="meta"), incremental_state=state)
+        block.attn.reorder_incremental_state(state, torch.tensor([1, 0, 2, 3], device="meta"))
+    assert out.shape == (1, 4, 8)

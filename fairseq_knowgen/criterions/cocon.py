@@ -8,21 +8,39 @@ Eq. 7 (Section 3) and displays none of Section 3.1, so the losses are cited by t
 
 For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_1 .. x_n </s>``.
 
-- **Split** (``L_self``, ``L_null``, ``L_adv``): per sentence t ~ Uniform{a, .., n - m} with
-  a = ``--cocon-min-prefix`` (default 0: x^a may be empty, as when decoding from the start
-  symbol) and m = ``--cocon-min-content``; x^a = x_1..x_t, x^b = x_{t+1}..x_n </s>. The content is
-  c = x^b without ``</s>``, cut at ``--cocon-max-content`` tokens (its first ones).
+- **Split** (``L_self``, ``L_null``, ``L_adv``'s real side), ``--cocon-split``:
+
+  - ``fixed`` (default; the authors' scheme, ``traininfer_cocon.py`` with ``train_cocon.sh``'s
+    ``--min/max_hs_tis_split_offset -2/2``): per sentence an offset d ~ Uniform{-J, .., J}
+    (J = ``--cocon-len-jitter``), the prefix x^a = x_1..x_t with t = P + d and the content x^b =
+    x_{t+1}..x_{t+m} with m = C - d (P = ``--cocon-prefix-len``, C = ``--cocon-content-len``), so
+    that the distance from a step to its content column is nearly constant and position can guide
+    the lookup. A sentence shorter than t + ``--cocon-min-content`` gets a shorter prefix (t =
+    n - min_content, at least 0); m is cut at the sentence end and at ``--cocon-max-content``.
+    L_self and L_null are computed on x^b (and ``</s>`` when x^b reaches the end), as the authors
+    compute them on the transformed span only. (The authors draw d once per batch; here once per
+    sentence, which needs no padding either.)
+  - ``uniform`` (this package's first version): t ~ Uniform{a, .., n - m} with a =
+    ``--cocon-min-prefix`` (x^a may be empty, as when decoding from the start symbol) and m =
+    ``--cocon-min-content``; x^b = x_{t+1}..x_n </s>, all of it in the losses; the content is x^b
+    without ``</s>`` cut at ``--cocon-max-content`` tokens (its first ones). Only induction-like
+    matching tells a step which column to read: in a toy probe (see
+    :mod:`fairseq_knowgen.modules.cocon_block`) the self/null gap fell from 0.96 (fixed) to 0.18.
+
+  Split points are drawn on the model's device (no host-device sync); validation draws them from
+  a generator seeded by the batch, so that every validation sees the same splits.
 - **Self-reconstruction** ("Self Reconstruction Loss": "c = x^b, and what is generated is x^b
   itself"): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``. Which content columns a
   step sees is ``--cocon-self-mask`` (the paper's "content masking", named in its introduction;
   the seed text gives no details):
 
-  - ``aligned`` (default): the step predicting x^b_j does not see content position j (its column
-    gets -inf), so the block cannot just copy the token it is asked for. Content states come from
-    the LM run on c alone, causally, so later columns j' > j still carry c_j; but copying a token's
-    *identity* is never rewarded (the column holding it is hidden exactly when it is the target),
-    which is what content-conditioned decoding from a concept list needs. Measured in the README:
-    at 40 minutes the block barely reads its content with this mask.
+  - ``aligned`` (default; the authors' ``--self_token_mask_prob 1``): the step predicting x^b_j
+    does not see content position j in the block (its column gets -inf), so the block cannot
+    just copy the token it is asked for. This hides column j *at the block only*: content states
+    come from the LM run on c alone, causally, so later columns j' > j still carry c_j, and the
+    frozen upper layers read h' of the earlier positions, which did see column j (perturbing
+    column j moves that step's logits). What the mask removes is the direct path from the target
+    token's own column to its prediction.
   - ``random``: each content column of a sentence is hidden from all its steps with probability
     ``--cocon-self-mask-prob`` (at least one column stays visible), so the aligned column is seen
     in part of the sentences (copying is rewarded) and missing in the others (the block also
@@ -32,31 +50,38 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
   (``1``/``0`` are read as ``aligned``/``none``: checkpoints of earlier versions.)
 - **Null content** ("Null Content Loss", c = null): the same positions with c = nothing: the block
   attends over the causal self part only (no content keys at all).
-- **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', q), q^2 = f(p, q^1), q^2
-  trained towards q), from ``--cocon-cycle-start`` updates on: with one split t_c for the batch
-  (so prefixes need no padding), x = [p; q] and x' = [p'; q'] (x' = the previous sentence of the
-  batch, cyclically: row b takes p' from row b - 1; on the batch's first ``--cocon-cycle-sentences``
-  sentences only, as its cost grows with sentences x vocabulary), q^1 = f(p', c = q) is generated
-  for ``--cocon-cycle-steps`` steps as *soft* tokens: step s feeds back y_s = softmax(o_s / T)
-  (``--cocon-cycle-soft softmax``, T = ``--cocon-cycle-temperature``) or a Gumbel-softmax sample
-  (``gumbel``) through the embedding matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q}
-  log p(q_i | c = q^1, p, q_<i)``, the content q^1 entering as the soft embeddings y E. Its gradient
-  reaches the CoCon block through both passes (the frozen LM only passes it on).
+- **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', c = q), q^2 = f(p, q^1), q^2
+  trained towards q), from ``--cocon-cycle-start`` updates on (default 2,000, the authors'): with
+  one split t_c for the batch (so prefixes need no padding; drawn on the host from the shapes
+  alone: P + d for ``fixed``, uniform over the padded width for ``uniform``), x = [p; q] and x' =
+  [p'; q'] (x' = the previous sentence of the batch, cyclically: row b takes p' from row b - 1; on
+  the batch's first ``--cocon-cycle-sentences`` sentences only, as its cost grows with sentences x
+  vocabulary; rows too short for t_c, or whose p' is, take no part), q^1 = f(p', c = q) is
+  generated for ``--cocon-cycle-steps`` steps (default 20, the authors') as *soft* tokens: step s
+  feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
+  ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
+  matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
+  the content q^1 entering as the soft embeddings y E. Its gradient reaches the CoCon block
+  through both passes (the frozen LM only passes it on).
 - **Adversarial** ("Adversarial Loss": "make the generated text closer to real text"), from
-  ``--cocon-adv-start`` updates on: the discriminator
+  ``--cocon-adv-start`` updates on (default 2,000): the discriminator
   (:mod:`~fairseq_knowgen.modules.cocon_discriminator`, in the model) tells the frozen LM's
-  lower-layer states of the x^b positions ("real") from the CoCon block's states of the same
-  positions in the self-reconstruction pass ("fake"; a choice of this implementation: the paper
-  has the discriminator judge *generated* text against real text, while here "fake" is the
-  block's output on the real, teacher-forced text, so L_adv keeps h' close to the LM's own states).
-  ``L_disc`` (weight ``--cocon-disc-weight``)
-  reaches only the discriminator (detached states); ``L_adv`` (non-saturating, weight
-  ``--cocon-adv-weight``) reaches only CoCon (discriminator run with detached parameters).
-  Schedule: the discriminator is stepped by the same fairseq optimizer update as the block (same
-  optimizer kind and lr schedule, and so the same DDP all-reduce), on its own loss only, every
-  ``--cocon-disc-update-freq`` updates (the others give it a zero loss). Both adversarial losses
-  are means over sentences, scaled by tokens per sentence so that after fairseq's division by the
-  sample size they weigh as w x mean BCE.
+  lower-layer states of real text (the x^b positions of the cycle's sentences: "real") from
+  the CoCon block's states while it generates the cycle's q^1 ("fake", ``--cocon-adv-fake
+  generated``, the paper's and the authors' choice; q^1 is generated whenever L_adv is on, even
+  with L_cycle off). ``--cocon-adv-fake teacher-forced`` takes instead the block's states of the
+  x^b positions in the self-reconstruction pass (this package's first version: the
+  discriminator's only signal is then h' - h, so L_adv penalises exactly the use of content).
+  ``L_disc`` (weight ``--cocon-disc-weight``) reaches only the discriminator (detached states);
+  ``L_adv`` (non-saturating, weight ``--cocon-adv-weight``) reaches only CoCon (discriminator run
+  with detached parameters). Schedule: the discriminator learns every ``--cocon-disc-update-freq``
+  updates (default 5, the authors' ``--disc_update_interval``), by the same fairseq optimizer as
+  the block (same optimizer kind and lr schedule, and so the same DDP all-reduce), on its own
+  loss only; on the other updates it gets no optimizer step at all (the ``cocon_generation``
+  task's ``optimizer_step`` holds its parameters and optimizer state, see
+  :func:`fairseq_knowgen.optim_utils.no_optimizer_step`), and L_adv still trains the block. Both
+  adversarial losses are means over sentences, scaled by tokens per sentence so that after
+  fairseq's division by the sample size they weigh as w x mean BCE.
 - **Content bag-of-words** (beyond the paper, off by default: ``--cocon-bow-weight``): on the
   self-reconstruction pass, each step predicting x^b_j also gets
   ``-log sum_{w in bag_j} p(w | c = x^b, x_<i)``, bag_j = the distinct tokens of the content
@@ -73,6 +98,8 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
 Validation's loss is L_self + L_null only (checkpoints are picked by the paper's losses; L_bow is
 logged there too when weighted). Counting is by fairseq's ``update_num`` (the task's
 ``train_step`` calls :meth:`CoConCriterion.set_update_num`), never by steps within an epoch.
+The losses are logged as tensors (fairseq reads them at its logging interval) and the sample
+size is a tensor: a training step makes no host-device sync of its own.
 """
 
 import functools
@@ -88,6 +115,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..modules.cocon_discriminator import discriminator_losses
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
+ADV_FAKE_CHOICES = ChoiceEnum(["generated", "teacher-forced"])
+SPLIT_CHOICES = ChoiceEnum(["fixed", "uniform"])
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
 # fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
@@ -114,9 +143,11 @@ class CoConCriterionConfig(FairseqDataclass):
     cocon_disc_weight: float = field(
         default=1.0, metadata={"help": "weight of the discriminator's loss (the other side of L_adv)"}
     )
-    cocon_cycle_start: int = field(default=1000, metadata={"help": "updates before L_cycle starts"})
-    cocon_adv_start: int = field(default=1000, metadata={"help": "updates before L_adv/L_disc start"})
-    cocon_cycle_steps: int = field(default=10, metadata={"help": "length of the soft q^1 of the cycle"})
+    cocon_cycle_start: int = field(default=2000, metadata={"help": "updates before L_cycle starts (authors: 2000)"})
+    cocon_adv_start: int = field(default=2000, metadata={"help": "updates before L_adv/L_disc start (authors: 2000)"})
+    cocon_cycle_steps: int = field(
+        default=20, metadata={"help": "length of the soft q^1 of the cycle (authors: 20)"}
+    )
     cocon_cycle_soft: SOFT_CHOICES = field(
         default="softmax", metadata={"help": "soft token fed back: softmax(o/T), or a Gumbel-softmax sample"}
     )
@@ -124,7 +155,27 @@ class CoConCriterionConfig(FairseqDataclass):
     cocon_cycle_sentences: int = field(
         default=32, metadata={"help": "the cycle runs on the batch's first N sentences (its cost grows with N x vocab)"}
     )
-    cocon_disc_update_freq: int = field(default=1, metadata={"help": "the discriminator learns every K updates"})
+    cocon_disc_update_freq: int = field(
+        default=5,
+        metadata={"help": "the discriminator learns every K updates, and gets no optimizer step on the others"},
+    )
+    cocon_adv_fake: ADV_FAKE_CHOICES = field(
+        default="generated",
+        metadata={
+            "help": "the discriminator's fake side: the block's states while generating the cycle's q^1 (the "
+            "paper's), or its states on the teacher-forced text (teacher-forced)"
+        },
+    )
+    cocon_split: SPLIT_CHOICES = field(
+        default="fixed",
+        metadata={
+            "help": "fixed: prefix P+d, content C-d tokens, d ~ U{-J..J} (the authors'); uniform: the split point "
+            "uniform over the sentence"
+        },
+    )
+    cocon_prefix_len: int = field(default=10, metadata={"help": "--cocon-split fixed: P, the prefix length"})
+    cocon_content_len: int = field(default=20, metadata={"help": "--cocon-split fixed: C, the content length"})
+    cocon_len_jitter: int = field(default=2, metadata={"help": "--cocon-split fixed: J, the range of the offset d"})
     cocon_self_mask: SELF_MASK_CHOICES = field(
         default="aligned",
         metadata={
@@ -142,26 +193,61 @@ class CoConCriterionConfig(FairseqDataclass):
             "0 = off): -log of the mass on the visible content tokens not yet reached"
         },
     )
-    cocon_min_prefix: int = field(default=0, metadata={"help": "shortest x^a (tokens)"})
-    cocon_min_content: int = field(default=1, metadata={"help": "shortest content (tokens)"})
+    cocon_min_prefix: int = field(default=0, metadata={"help": "--cocon-split uniform: shortest x^a (tokens)"})
+    cocon_min_content: int = field(
+        default=5, metadata={"help": "shortest content (tokens; shorter sentences give all their words)"}
+    )
     cocon_max_content: int = field(default=32, metadata={"help": "longest content: x^b cut here"})
 
 
 def sample_splits(n_words: torch.Tensor, min_prefix: int, min_content: int, generator=None) -> torch.Tensor:
-    """t per sentence, uniform over {a, .., n - m} (clamped into [0, n - 1] for short sentences)."""
+    """``--cocon-split uniform``: t per sentence, uniform over {a, .., n - m} (clamped into
+    [0, n - 1] for short sentences); drawn on ``n_words``' device."""
     hi = (n_words - min_content).clamp(min=0)
-    lo = torch.minimum(torch.full_like(hi, min_prefix), hi)
-    r = torch.rand(n_words.shape, generator=generator)
+    lo = hi.clamp(max=min_prefix)
+    r = torch.rand(n_words.shape, generator=generator, device=n_words.device)
     return (lo + (r * (hi - lo + 1).float()).floor().long()).clamp(max=(n_words - 1).clamp(min=0))
 
 
-def gather_spans(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor, pad: int) -> torch.Tensor:
-    """``B x max(length)``: tokens[b, start_b : start_b + length_b], right-padded."""
-    L = max(int(length.max()), 1)
-    ar = torch.arange(L, device=tokens.device)
+def sample_fixed_splits(
+    n_words: torch.Tensor,
+    prefix_len: int,
+    content_len: int,
+    jitter: int,
+    min_content: int,
+    max_content: int,
+    generator=None,
+):
+    """``--cocon-split fixed`` (the authors'): per sentence d ~ U{-J..J}, t = P + d (shortened to
+    n - min_content, at least 0), content length m = min(C - d, n - t, max_content). Returns
+    ``(t, m)``, drawn on ``n_words``' device."""
+    d = torch.randint(-jitter, jitter + 1, n_words.shape, generator=generator, device=n_words.device)
+    t = torch.minimum(prefix_len + d, (n_words - min_content).clamp(min=0)).clamp(min=0)
+    m = torch.minimum(content_len - d, n_words - t).clamp(min=0, max=max_content)
+    return t, m
+
+
+def gather_spans(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor, pad: int, width: int) -> torch.Tensor:
+    """``B x width``: tokens[b, start_b : start_b + length_b], right-padded (``width`` >= every
+    length, known on the host: no sync)."""
+    ar = torch.arange(max(width, 1), device=tokens.device)
     idx = (start[:, None] + ar[None]).clamp(max=tokens.size(1) - 1)
     out = tokens.gather(1, idx)
     return out.masked_fill(ar[None] >= length[:, None], pad)
+
+
+def span_mask(T: int, start: torch.Tensor, length: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """``B x T`` bool: target positions start .. start + length - 1, and ``</s>`` (position n)
+    when the span reaches the sentence's end."""
+    pos = torch.arange(T, device=start.device)[None]
+    end = start + length
+    end = end + (end == n_words).long()
+    return (pos >= start[:, None]) & (pos < end[:, None])
+
+
+def ratio(num, den):
+    """num / max(den, 1) for numbers or tensors, without a host-device sync."""
+    return num / (den.clamp(min=1) if torch.is_tensor(den) else max(den, 1))
 
 
 @register_criterion("cocon", dataclass=CoConCriterionConfig)
@@ -176,18 +262,23 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_weight=1.0,
         cocon_adv_weight=1.0,
         cocon_disc_weight=1.0,
-        cocon_cycle_start=1000,
-        cocon_adv_start=1000,
-        cocon_cycle_steps=10,
+        cocon_cycle_start=2000,
+        cocon_adv_start=2000,
+        cocon_cycle_steps=20,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
         cocon_cycle_sentences=32,
-        cocon_disc_update_freq=1,
+        cocon_disc_update_freq=5,
+        cocon_adv_fake="generated",
+        cocon_split="fixed",
+        cocon_prefix_len=10,
+        cocon_content_len=20,
+        cocon_len_jitter=2,
         cocon_self_mask="aligned",
         cocon_self_mask_prob=0.5,
         cocon_bow_weight=0.0,
         cocon_min_prefix=0,
-        cocon_min_content=1,
+        cocon_min_content=5,
         cocon_max_content=32,
     ):
         super().__init__(task)
@@ -198,6 +289,11 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
         self.cycle_sentences = max(2, cocon_cycle_sentences)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
+        self.adv_fake = str(cocon_adv_fake)
+        self.split = str(cocon_split)
+        self.prefix_len, self.content_len, self.len_jitter = cocon_prefix_len, cocon_content_len, cocon_len_jitter
+        if self.split == "fixed" and not (0 <= self.len_jitter < self.content_len and self.len_jitter <= self.prefix_len):
+            raise ValueError("--cocon-split fixed needs 0 <= --cocon-len-jitter < --cocon-content-len and <= --cocon-prefix-len")
         mode = LEGACY_SELF_MASKS.get(str(cocon_self_mask), str(cocon_self_mask))
         if mode not in SELF_MASKS:
             raise ValueError(f"--cocon-self-mask {cocon_self_mask!r}: choose one of {', '.join(SELF_MASKS)}")
@@ -216,6 +312,33 @@ class CoConCriterion(FairseqCriterion):
 
     def set_update_num(self, update_num: int):
         self.update_num = int(update_num)
+
+    def adversarial_on(self, model) -> bool:
+        """Whether L_adv (and so the discriminator) takes part in this training update."""
+        return bool(self.w_adv) and getattr(model, "discriminator", None) is not None and self.update_num >= self.adv_start
+
+    def discriminator_learns(self, model) -> bool:
+        """Whether the discriminator gets its loss and an optimizer step in this update (every
+        ``--cocon-disc-update-freq`` updates once L_adv is on); the task asks before stepping."""
+        return self.adversarial_on(model) and bool(self.w_disc) and self.update_num % self.disc_update_freq == 0
+
+    def content_width(self) -> int:
+        """The widest content any split can give (host-known: spans are padded to it)."""
+        if self.split == "fixed":
+            return min(self.content_len + self.len_jitter, self.max_content)
+        return self.max_content
+
+    def draw_splits(self, n_words, T, generator=None):
+        """``(t, content length, loss mask B x T)`` of the split scheme (module docstring)."""
+        if self.split == "fixed":
+            t, m = sample_fixed_splits(
+                n_words, self.prefix_len, self.content_len, self.len_jitter, self.min_content, self.max_content, generator
+            )
+            return t, m, span_mask(T, t, m, n_words)
+        t = sample_splits(n_words, self.min_prefix, self.min_content, generator)
+        m = torch.minimum(n_words - t, torch.full_like(t, self.max_content))
+        pos = torch.arange(T, device=n_words.device)[None]
+        return t, m, (pos >= t[:, None]) & (pos <= n_words[:, None])
 
     # -- pieces, each usable on its own in tests ----------------------------------------------
     def logits(self, dec, h, pad_mask):
@@ -253,14 +376,14 @@ class CoConCriterion(FairseqCriterion):
         steps = loss_mask & bag.any(-1)
         return -(mass.masked_fill(~steps, 0.0)).sum(), steps.sum()
 
-    def self_content(self, dec, target, n_words, t, generator=None):
-        """The content x^b (``B x L``), its lower-layer states and padding mask, and the per-query
-        mask of the self-reconstruction (``B x T x L``, True = hidden; ``None`` for ``none``):
-        ``aligned``: query p never sees content p - t; ``random``: the same random columns hidden
-        from every query of a sentence (``generator``: a CPU ``torch.Generator``, for validation)."""
+    def self_content(self, dec, target, t, length, generator=None):
+        """The content x^b (``B x L``: ``length`` tokens from position t), its lower-layer states and
+        padding mask, and the per-query mask of the self-reconstruction (``B x T x L``, True =
+        hidden; ``None`` for ``none``): ``aligned``: query p never sees content p - t; ``random``:
+        the same random columns hidden from every query of a sentence (``generator``: on the
+        model's device, for validation)."""
         pad = self.padding_idx
-        length = torch.minimum(n_words - t, torch.full_like(t, self.max_content))
-        content = gather_spans(target, t, length, pad)
+        content = gather_spans(target, t, length, pad, self.content_width())
         states, cpad = dec.encode_content_tensor(content)
         T, L = target.size(1), content.size(1)
         qmask = None
@@ -268,7 +391,7 @@ class CoConCriterion(FairseqCriterion):
             j = torch.arange(T, device=target.device)[None, :] - t[:, None]  # B x T: content index j
             qmask = j[:, :, None].eq(torch.arange(L, device=target.device)[None, None, :])
         elif self.self_mask == "random":
-            hide = torch.rand(content.shape, generator=generator).to(target.device) < self.self_mask_prob
+            hide = torch.rand(content.shape, generator=generator, device=target.device) < self.self_mask_prob
             hide = hide & content.ne(self.padding_idx)
             # at least one real column stays visible: the first one of each sentence, when all are hidden
             all_hidden = (hide | content.eq(self.padding_idx)).all(1)
@@ -282,11 +405,14 @@ class CoConCriterion(FairseqCriterion):
         return F.softmax(logits.float() / self.cycle_temperature, dim=-1).to(logits.dtype)
 
     def generate_soft(self, dec, prefix_inputs, content_states, content_pad):
-        """q^1 = f(p', c = q) as soft tokens (Cycle Reconstruction Loss): ``B x steps x V`` distributions, generated
-        incrementally after the prefix inputs (``</s> p'``, no padding)."""
+        """q^1 = f(p', c = q) as soft tokens (Cycle Reconstruction Loss): ``B x steps x V``
+        distributions, generated incrementally after the prefix inputs (``</s> p'``, no padding),
+        and the block's states that generated them (``B x steps x C``: at the prefix's last
+        position and at each fed-back step; the adversarial loss's fake side)."""
         inc = {}
         h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
         h, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
+        states = [h[-1:]]
         feats = dec.upper(h, inc)[:, -1:]
         toks, ys = prefix_inputs, []
         emb = dec.lm.embed_tokens.weight
@@ -299,30 +425,49 @@ class CoConCriterion(FairseqCriterion):
             toks = torch.cat([toks, toks[:, -1:].clone().fill_(dec.lm.dictionary.unk())], dim=1)
             h, _ = dec.lower(toks, inc, token_embeddings=y @ emb)
             h, _ = dec.block(h, incremental_state=inc)
+            states.append(h)
             feats = dec.upper(h, inc)
-        return torch.cat(ys, dim=1)
+        return torch.cat(ys, dim=1), torch.cat(states, dim=0).transpose(0, 1)
 
-    def cycle_loss(self, model, sample, h, pad_mask, n_words):
-        """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their
-        number, on the batch's first ``--cocon-cycle-sentences`` sentences (``h``: the lower states of
-        the whole batch)."""
+    def cycle_split(self, T: int):
+        """The cycle's one split t_c and its content length bound, drawn on the host from the shapes
+        alone (torch's CPU generator, which fairseq seeds per update): P + d for ``fixed``, uniform
+        over the padded width for ``uniform``."""
+        if self.split == "fixed":
+            d = int(torch.randint(-self.len_jitter, self.len_jitter + 1, ()))
+            return max(self.prefix_len + d, 0), min(self.content_len - d, self.max_content)
+        hi = max(T - 1 - self.min_content, 0)
+        lo = min(self.min_prefix, hi)
+        return int(torch.randint(lo, hi + 1, ())), self.max_content
+
+    def cycle(self, model, sample, h):
+        """The cycle's pieces on the batch's first ``--cocon-cycle-sentences`` sentences (``h``: the
+        lower states of the whole batch): q^1 = f(p', c = q) generated (its soft tokens and the
+        block's states), and what L_cycle and the real side of L_adv need. Rows too short for t_c
+        (or whose p' is) take no part (``valid``)."""
         dec = model.decoder
         n = min(self.cycle_sentences, sample["target"].size(0))
         target, prev = sample["target"][:n], sample["net_input"]["prev_output_tokens"][:n]
-        h, n_words = h[:, :n], n_words[:n]
-        pad_mask = pad_mask[:n] if pad_mask is not None else None
-        B = target.size(0)
-        tc = int(sample_splits(n_words.min().view(1), self.min_prefix, self.min_content)[0])
+        n_words = target.ne(self.padding_idx).sum(1) - 1
+        B, T = target.shape
+        tc, width = self.cycle_split(T)
+        tc = min(tc, T - 1)
         perm = torch.roll(torch.arange(B, device=target.device), 1)
-        q_len = torch.minimum(n_words - tc, torch.full_like(n_words, self.max_content))
-        q = gather_spans(target, torch.full_like(n_words, tc), q_len, self.padding_idx)
+        q_len = torch.minimum(n_words - tc, torch.full_like(n_words, width)).clamp(min=0)
+        valid = (n_words >= tc + min(self.min_content, width)) & (n_words[perm] >= tc)
+        q = gather_spans(target, torch.full_like(n_words, tc), q_len, self.padding_idx, width)
         q_states, q_pad = dec.encode_content_tensor(q)
-        q1 = self.generate_soft(dec, prev[perm, : tc + 1], q_states, q_pad)  # B x S x V
-        c1, _ = dec.encode_contents(None, target.device, soft=q1 @ dec.lm.embed_tokens.weight)
-        h2, _ = dec.block(h, c1.transpose(0, 1))
-        pos = torch.arange(target.size(1), device=target.device)[None]
-        mask = (pos >= tc) & target.ne(self.padding_idx)
-        return self.nll(dec, h2, pad_mask, target, mask), mask.sum()
+        q1, fake = self.generate_soft(dec, prev[perm, : tc + 1], q_states, q_pad)  # B x S x V, B x S x C
+        mask = span_mask(T, torch.full_like(n_words, tc), q_len, n_words) & valid[:, None]
+        return {"n": n, "q1": q1, "fake": fake, "mask": mask, "valid": valid, "h": h[:, :n], "target": target}
+
+    def cycle_loss(self, model, cyc, pad_mask):
+        """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their number."""
+        dec = model.decoder
+        c1, _ = dec.encode_contents(None, cyc["target"].device, soft=cyc["q1"] @ dec.lm.embed_tokens.weight)
+        h2, _ = dec.block(cyc["h"], c1.transpose(0, 1))
+        pad_mask = pad_mask[: cyc["n"]] if pad_mask is not None else None
+        return self.nll(dec, h2, pad_mask, cyc["target"], cyc["mask"]), cyc["mask"].sum()
 
     def forward(self, model, sample, reduce=True):
         """All four losses inside one call of the model's ``forward`` (``cocon_loss``): torch's
@@ -335,51 +480,70 @@ class CoConCriterion(FairseqCriterion):
         dec = model.decoder
         target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
         B, T = target.shape
-        lengths = target.ne(self.padding_idx).sum(1)
-        n_words = lengths - 1
+        n_words = target.ne(self.padding_idx).sum(1) - 1
         training = model.training
-        gen = None if training else torch.Generator().manual_seed(int(sample["id"].sum()) + 1)
-        t = sample_splits(n_words.cpu(), self.min_prefix, self.min_content, gen).to(target.device)
-        pos = torch.arange(T, device=target.device)[None]
-        loss_mask = (pos >= t[:, None]) & (pos < lengths[:, None])  # predicts x^b (and </s>)
-        sample_size = int(loss_mask.sum())
+        gen = None
+        if not training:  # the same splits at every validation (a sync, outside training steps)
+            gen = torch.Generator(device=target.device).manual_seed(int(sample["id"].sum()) + 1)
+        t, m, loss_mask = self.draw_splits(n_words, T, gen)
+        sample_size = loss_mask.sum()
 
-        h, pad_mask = dec.lower(prev)  # T x B x C, the frozen LM's lower states
-        content, c_states, c_pad, qmask = self.self_content(dec, target, n_words, t, gen)
+        # T x B x C, the frozen LM's lower states; the rows are right-padded, so under the causal mask no real
+        # position sees padding: no padding mask in the LM's layers (the losses only count real positions)
+        h, _ = dec.lower(prev, padding_mask=False)
+        pad_mask = None
+        content, c_states, c_pad, qmask = self.self_content(dec, target, t, m, gen)
         h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
         self_logits = self.logits(dec, h_self, pad_mask)
         l_self = self.nll(dec, h_self, pad_mask, target, loss_mask, logits=self_logits)
         loss = self.w_self * l_self
-        log = {"loss_self": l_self.item()}
+        log = {"loss_self": l_self.detach()}
         if self.w_bow:
             l_bow, n_bow = self.bow_loss(self_logits, content, t, qmask, loss_mask)
             if training:  # validation's loss (checkpoint selection) stays the paper's, whatever the weight
                 loss = loss + self.w_bow * l_bow
-            log["loss_bow"], log["ntokens_bow"] = l_bow.item(), int(n_bow)
+            log["loss_bow"], log["ntokens_bow"] = l_bow.detach(), n_bow
         if self.w_null:
             h_null, _ = dec.block(h)
             l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
             loss = loss + self.w_null * l_null
-            log["loss_null"] = l_null.item()
-        if training and self.w_cycle and self.update_num >= self.cycle_start:
-            l_cycle, n_cycle = self.cycle_loss(model, sample, h, pad_mask, n_words)
+            log["loss_null"] = l_null.detach()
+        cycle_on = training and self.w_cycle and self.update_num >= self.cycle_start
+        adv_on = training and self.adversarial_on(model)
+        cyc = None
+        if cycle_on or (adv_on and self.adv_fake == "generated"):
+            cyc = self.cycle(model, sample, h)
+        if cycle_on:
+            l_cycle, n_cycle = self.cycle_loss(model, cyc, pad_mask)
             # per cycle token, weighed as one self-reconstruction token
-            loss = loss + self.w_cycle * l_cycle * (sample_size / max(int(n_cycle), 1))
-            log["loss_cycle"], log["ntokens_cycle"] = l_cycle.item(), int(n_cycle)
+            loss = loss + self.w_cycle * l_cycle * ratio(sample_size, n_cycle)
+            log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
         disc = getattr(model, "discriminator", None)
-        adv_on = training and self.w_adv and disc is not None and self.update_num >= self.adv_start
+        disc_learns = training and self.discriminator_learns(model)
         if adv_on:
-            real, fake = h.transpose(0, 1), h_self.transpose(0, 1)
-            l_disc, l_adv = discriminator_losses(disc, real, fake, ~loss_mask)
-            per_sentence = sample_size / B
-            w_disc = self.w_disc if self.update_num % self.disc_update_freq == 0 else 0.0
-            loss = loss + per_sentence * (self.w_adv * l_adv + w_disc * l_disc)
-            log["loss_adv"], log["loss_disc"] = l_adv.item(), l_disc.item()
-        if training and disc is not None and not (adv_on and self.w_disc):
-            # every parameter takes part in every update (torch DDP without find_unused_parameters)
+            if self.adv_fake == "generated":
+                # real: the LM's states of the cycle sentences' x^b; fake: the block generating q^1
+                n = cyc["n"]
+                real, real_pad = h[:, :n].transpose(0, 1), ~loss_mask[:n]
+                fake, fake_pad = cyc["fake"], None
+                rows = cyc["valid"]
+            else:
+                real, real_pad = h.transpose(0, 1), ~loss_mask
+                fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
+                rows = None
+            l_disc, l_adv = discriminator_losses(disc, real, fake, real_pad, fake_pad, rows)
+            per_sentence = ratio(sample_size, B)
+            loss = loss + per_sentence * self.w_adv * l_adv
+            if disc_learns:
+                loss = loss + per_sentence * self.w_disc * l_disc
+            log["loss_adv"], log["loss_disc"] = l_adv.detach(), l_disc.detach()
+            log["nsentences_adv"] = rows.sum() if rows is not None else B
+        if training and disc is not None and not disc_learns:
+            # every parameter takes part in every update (torch DDP without find_unused_parameters); the
+            # task gives the discriminator no optimizer step in this update
             loss = loss + 0.0 * sum(p.sum() for p in disc.parameters())
         logging_output = {
-            "loss": loss.data,
+            "loss": loss.detach(),
             "ntokens": sample["ntokens"],
             "nsentences": B,
             "sample_size": sample_size,
@@ -393,20 +557,20 @@ class CoConCriterion(FairseqCriterion):
             return sum(log.get(key, 0) for log in logging_outputs)
 
         size = total("sample_size")
-        nsent = total("nsentences")
-        metrics.log_scalar("loss", total("loss") / max(size, 1) / math.log(2), size, round=3)
+        metrics.log_scalar("loss", ratio(total("loss"), size) / math.log(2), size, round=3)
         for key in ("loss_self", "loss_null"):
             if any(key in log for log in logging_outputs):
-                metrics.log_scalar(key, total(key) / max(size, 1) / math.log(2), size, round=3)
+                metrics.log_scalar(key, ratio(total(key), size) / math.log(2), size, round=3)
         if any("loss_cycle" in log for log in logging_outputs):
             n = total("ntokens_cycle")
-            metrics.log_scalar("loss_cycle", total("loss_cycle") / max(n, 1) / math.log(2), n, round=3)
+            metrics.log_scalar("loss_cycle", ratio(total("loss_cycle"), n) / math.log(2), n, round=3)
         if any("loss_bow" in log for log in logging_outputs):
             n = total("ntokens_bow")
-            metrics.log_scalar("loss_bow", total("loss_bow") / max(n, 1) / math.log(2), n, round=3)
-        for key in ("loss_adv", "loss_disc"):
-            if any(key in log for log in logging_outputs):
-                metrics.log_scalar(key, total(key) / max(nsent, 1), nsent, round=3)
+            metrics.log_scalar("loss_bow", ratio(total("loss_bow"), n) / math.log(2), n, round=3)
+        if any("loss_adv" in log for log in logging_outputs):
+            n = total("nsentences_adv")
+            for key in ("loss_adv", "loss_disc"):
+                metrics.log_scalar(key, ratio(total(key), n), n, round=3)
         metrics.log_derived("ppl_self", lambda m: 2 ** m["loss_self"].avg if "loss_self" in m else float("nan"))
 
     @staticmethod

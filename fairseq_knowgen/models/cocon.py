@@ -14,7 +14,10 @@ Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`
   state of ``</s>`` is dropped, so content position j is token c_j); layers ``l..`` with the
   LM's final LayerNorm and output projection are ``dec``. ``0 <= l <= layers``.
 - the CoCon block (:mod:`fairseq_knowgen.modules.cocon_block`, Eq. 5-7) sits between them;
-  ``--cocon-ffn-dim``, ``--cocon-dropout``, ``--cocon-attention-dropout``, ``--cocon-zero-init``.
+  ``--cocon-ffn-dim``, ``--cocon-dropout``, ``--cocon-attention-dropout``, ``--cocon-zero-init``,
+  ``--cocon-content-kv {separate,shared}`` and ``--cocon-content-kv-init {fresh,copy}`` (the
+  content's own key/value projections, as the authors' code, or the text's; checkpoints saved
+  before the flag existed load as ``shared``).
   ``dec`` receives the block's output h' at every position, prompt included (a choice of this
   implementation: Eq. 7 writes ``o~_t = dec([h_{:t-2}; h'_{t-1}])``, the block's output at t-1
   "concatenated to the representations before t-1", so positions before t-1 keep the LM's h:
@@ -60,7 +63,7 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..modules.cocon_block import CoConBlock
+from ..modules.cocon_block import CONTENT_KV, CONTENT_KV_INIT, CoConBlock
 from ..modules.cocon_discriminator import HiddenStateDiscriminator
 
 SEP, PROMPT = "<sep>", "<prompt>"
@@ -275,6 +278,8 @@ class CoConDecoder(FairseqIncrementalDecoder):
             attention_dropout=args.cocon_attention_dropout,
             zero_init=bool(args.cocon_zero_init),
             activation=lm_activation(lm),
+            content_kv=args.cocon_content_kv,
+            content_kv_init=args.cocon_content_kv_init,
         )
         self.lm_vocab = lm.output_projection.out_features
         self.bypass = False
@@ -318,8 +323,10 @@ class CoConDecoder(FairseqIncrementalDecoder):
         if lm.layernorm_embedding is not None:
             x = lm.layernorm_embedding(x)
         x = lm.dropout_module(x)
-        pad = tokens.eq(lm.padding_idx)
-        return x.transpose(0, 1), (pad if pad.any() else None)
+        # one new decoding step is never padding (fairseq's search feeds finished rows no more tokens);
+        # otherwise the mask, whether or not it marks anything (no host-device sync to find out)
+        pad = None if (new == 1 and incremental_state is not None) else tokens.eq(lm.padding_idx)
+        return x.transpose(0, 1), pad
 
     def run_layers(self, x: Tensor, layers, incremental_state=None, padding_mask: Optional[Tensor] = None):
         # causal mask whenever several positions come at once (also the first incremental call
@@ -443,7 +450,19 @@ class CoConModel(FairseqEncoderDecoderModel):
             "--cocon-zero-init",
             type=int,
             choices=[0, 1],
-            help="1: the block's output projections start at zero (CoCon starts as the LM)",
+            help="1: the block's output projections start at zero (CoCon starts as the LM, but learns to read its "
+            "content several hundred updates later); default 0",
+        )
+        parser.add_argument(
+            "--cocon-content-kv",
+            choices=CONTENT_KV,
+            help="content keys/values: separate (their own projections on the raw content states, as the "
+            "authors' code; default) or shared (the text's projections and LayerNorm)",
+        )
+        parser.add_argument(
+            "--cocon-content-kv-init",
+            choices=CONTENT_KV_INIT,
+            help="separate content K/V start fresh (default) or as copies of the text's",
         )
         parser.add_argument("--cocon-disc-dim", type=int, metavar="N", help="hidden size of the discriminator")
 
@@ -483,6 +502,18 @@ class CoConModel(FairseqEncoderDecoderModel):
         self.decoder.lm.eval()
         return self
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A checkpoint saved before ``--cocon-content-kv`` existed has no content key/value projections:
+        its block used the text's (``shared``). The block is switched to that before the weights load
+        (and the flag recorded, so that a checkpoint saved again says so)."""
+        prefix = (name + "." if name else "") + "decoder.block.attn."
+        has_text = prefix + "k_proj.weight" in state_dict
+        has_content = any(k.startswith(prefix + "content_k_proj.") for k in state_dict)
+        if has_text and not has_content and self.decoder.block.attn.content_kv_mode == "separate":
+            self.decoder.block.attn.share_content_kv()
+            self.args.cocon_content_kv = "shared"
+        super().upgrade_state_dict_named(state_dict, name)
+
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -505,8 +536,11 @@ def cocon_lm_architecture(args):
         args.cocon_dropout = 0.1
     args.cocon_attention_dropout = getattr(args, "cocon_attention_dropout", None) or 0.0
     zi = getattr(args, "cocon_zero_init", None)
-    args.cocon_zero_init = 1 if zi is None else zi
+    args.cocon_zero_init = 0 if zi is None else zi
     args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 128
+    # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
+    args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"
+    args.cocon_content_kv_init = getattr(args, "cocon_content_kv_init", None) or "fresh"
 
 
 @register_model_architecture("cocon_lm", "cocon_lm_small")

@@ -14,7 +14,8 @@ hidden states ``h = enc(x)`` are conditioned on the content states ``h^(c) = enc
 transformer layer (Eq. 5-7)::
 
     Q = LN(h) W_q,  K = LN(h) W_k,  V = LN(h) W_v                    (t-1) x d
-    K^(c) = LN(h^(c)) W_k,  V^(c) = LN(h^(c)) W_v                    l_c x d
+    K^(c) = h^(c) W^(c)_k,  V^(c) = h^(c) W^(c)_v                    l_c x d   (content_kv="separate")
+    K^(c) = LN(h^(c)) W_k,  V^(c) = LN(h^(c)) W_v                    l_c x d   (content_kv="shared")
     W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6; tau: W_{:,:l_c} only)
     A = softmax(W) [V^(c); V]                                        (Eq. 6)
     h~ = h + A W_o                       (residual)
@@ -23,9 +24,22 @@ transformer layer (Eq. 5-7)::
 Choices beyond the paper's formulas, as GPT-2 blocks do: pre-LayerNorm, multi-head attention
 (``num_heads``) scaled by 1/sqrt(d_head) (Eq. 6 is written without a scale; tau is added after
 it), an output projection W_o and residual connections around attention and FF (Eq. 7 writes
-``h'_i = FF(a_i)``). The content keys/values use the same projections W_k, W_v and the same
-LayerNorm as the text (the paper only says content keys/values "are also computed"; both are
-states of the same lower layers). ``dec`` then receives h' (Eq. 7); at which positions it
+``h'_i = FF(a_i)``).
+
+Content keys/values (``content_kv``; the paper only says they "are also computed"):
+
+- ``separate`` (default, as the authors' code: its ``ref_source_attn`` projects the content with
+  a layer of its own and does not LayerNorm it): W^(c)_k, W^(c)_v of their own, on the raw
+  lower-layer content states. With shared maps, L_null constrains the very value/output maps
+  that would carry content, so any channel that copies content also injects the text's own
+  tokens: in a toy probe (2-layer 32-wide LM, random words, L_self and L_null only, 400 Adam
+  steps, fixed split, no content mask) the self/null gap was 0.06 nats shared, 0.83 separate
+  with copied initial weights, 0.96 separate with fresh ones.
+- ``shared``: the text's W_k, W_v and LayerNorm on the content too (this package's first
+  version; its checkpoints, which have no content projections, load as ``shared``).
+
+``content_kv_init`` (separate only): ``fresh`` (default: Xavier, as the text projections start;
+the better of the two in that probe) or ``copy`` (copies of W_k, W_v at construction). ``dec`` then receives h' (Eq. 7); at which positions it
 receives h' rather than h is the model's business (:mod:`fairseq_knowgen.models.cocon`).
 Several contents (Section 3, "Multiple Content Inputs": their K and V concatenated, no
 equation in the seed text) are concatenated along l_c; ``content_bias`` adds tau (one value per
@@ -38,7 +52,9 @@ self part only.
 
 With ``zero_init`` the output projections W_o and the FFN's last layer start at zero, so that
 h' = h and CoCon starts as the plain LM (a choice of this implementation, flag
-``--cocon-zero-init``).
+``--cocon-zero-init 1``; not the default: with W_o = 0 no gradient reaches the attention until
+W_o has grown, and in the toy probe above the self/null gap after 400 steps was 0.05 nats with
+the zero start against 0.38 without, 0.30 against 0.55 after 800; fixed split with J = 2).
 
 Incremental decoding (fairseq's ``incremental_state``): the content keys/values and the
 content bias are computed on the first call and cached; each later call adds the new step's
@@ -56,6 +72,9 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
+CONTENT_KV = ("separate", "shared")
+CONTENT_KV_INIT = ("fresh", "copy")
+
 
 @with_incremental_state
 class CoConAttention(nn.Module):
@@ -68,10 +87,19 @@ class CoConAttention(nn.Module):
         dropout: dropout on the attention weights
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        content_kv: str = "separate",
+        content_kv_init: str = "fresh",
+    ):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed dim {embed_dim} is not divisible by {num_heads} heads")
+        if content_kv not in CONTENT_KV or content_kv_init not in CONTENT_KV_INIT:
+            raise ValueError(f"content_kv {content_kv!r} / content_kv_init {content_kv_init!r}: unknown")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim**-0.5
@@ -83,6 +111,22 @@ class CoConAttention(nn.Module):
         for p in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(p.weight, gain=1 / math.sqrt(2) if p is not self.out_proj else 1.0)
             nn.init.zeros_(p.bias)
+        self.content_kv_mode = content_kv
+        if content_kv == "separate":  # W^(c)_k, W^(c)_v: created only when used
+            self.content_k_proj = nn.Linear(embed_dim, embed_dim)
+            self.content_v_proj = nn.Linear(embed_dim, embed_dim)
+            for mine, text in ((self.content_k_proj, self.k_proj), (self.content_v_proj, self.v_proj)):
+                if content_kv_init == "copy":
+                    mine.load_state_dict(text.state_dict())
+                else:
+                    nn.init.xavier_uniform_(mine.weight, gain=1 / math.sqrt(2))
+                    nn.init.zeros_(mine.bias)
+
+    def share_content_kv(self):
+        """Turn a ``separate`` attention into ``shared`` (its content projections dropped): how a
+        checkpoint from before ``content_kv`` existed is read."""
+        self.content_kv_mode = "shared"
+        del self.content_k_proj, self.content_v_proj
 
     def _heads(self, x: Tensor) -> Tensor:
         # L x B x C -> B x H x L x D
@@ -92,7 +136,10 @@ class CoConAttention(nn.Module):
     def content_kv(self, content: Tensor, content_padding_mask: Optional[Tensor], content_bias: Optional[Tensor]):
         """Keys, values (B x H x S x D) and the additive column bias (B x S: tau, -inf on padding)."""
         S, B, _ = content.shape
-        k, v = self._heads(self.k_proj(content)), self._heads(self.v_proj(content))
+        k_proj, v_proj = (
+            (self.content_k_proj, self.content_v_proj) if self.content_kv_mode == "separate" else (self.k_proj, self.v_proj)
+        )
+        k, v = self._heads(k_proj(content)), self._heads(v_proj(content))
         col = content.new_zeros(B, S) if content_bias is None else content_bias.to(content.dtype)
         if content_padding_mask is not None:
             col = col.masked_fill(content_padding_mask, float("-inf"))
@@ -112,8 +159,9 @@ class CoConAttention(nn.Module):
         """
         Args:
             x: ``T x B x C`` normalized text states (the new steps when incremental)
-            content: ``S x N x C`` normalized content states, or None (null content); N = B, or
-                the number of distinct inputs when ``content_rows`` is given
+            content: ``S x N x C`` content states (normalized with the text's LayerNorm for
+                ``shared``, raw for ``separate``), or None (null content); N = B, or the number
+                of distinct inputs when ``content_rows`` is given
             content_padding_mask: ``N x S``, True on padding
             content_bias: ``N x S`` float, tau per content position
             content_attn_mask: ``B x T x S``, True where query t must not see content s
@@ -132,20 +180,26 @@ class CoConAttention(nn.Module):
         k_self, v_self = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         prev_len = 0
         if cache is not None:  # several new steps at once after a cached prefix
-            k_c, v_c, col, rows = cache["content_k"], cache["content_v"], cache["content_col"], cache["rows"]
+            k_c, v_c, col, g = cache["content_k"], cache["content_v"], cache["content_col"], cache["group"]
             prev_len = cache["self_k"].size(2)
             k_self = torch.cat([cache["self_k"], k_self], dim=2)
             v_self = torch.cat([cache["self_v"], v_self], dim=2)
-        elif content is not None and content.size(0) > 0:
-            k_c, v_c, col = self.content_kv(content, content_padding_mask, content_bias)
-            rows = content_rows if content_rows is not None else torch.arange(B, device=x.device)
+            rows = torch.arange(k_c.size(0), device=x.device).repeat_interleave(g)
         else:
-            k_c = v_c = x.new_zeros(B, self.num_heads, 0, self.head_dim)
-            col = x.new_zeros(B, 0)
-            rows = torch.arange(B, device=x.device)
+            if content is not None and content.size(0) > 0:
+                k_c, v_c, col = self.content_kv(content, content_padding_mask, content_bias)
+            else:
+                k_c = v_c = x.new_zeros(B, self.num_heads, 0, self.head_dim)
+                col = x.new_zeros(B, 0)
+            rows = content_rows if content_rows is not None else torch.arange(B, device=x.device)
+            g = B // k_c.size(0) if k_c.size(0) and B % k_c.size(0) == 0 else None
+            if g is None or g == 1 and content_rows is not None:  # content per row: exact for any rows
+                k_c, v_c, col, g = k_c.index_select(0, rows), v_c.index_select(0, rows), col.index_select(0, rows), 1
+                rows = torch.arange(B, device=x.device)
+            # else: N inputs and B = N x g rows in fairseq's beam layout (the encoder output expanded by the beam)
         if incremental_state is not None:
-            self._store(incremental_state, k_c, v_c, col, rows, k_self, v_self)
-        if k_c.size(0) != B or content_rows is not None or cache is not None:
+            self._store(incremental_state, k_c, v_c, col, k_self, v_self, g)
+        if k_c.size(0) != B:
             k_c, v_c, col = k_c.index_select(0, rows), v_c.index_select(0, rows), col.index_select(0, rows)
         S, L = k_c.size(2), k_self.size(2)
         logits = torch.cat([q @ k_c.transpose(-1, -2), q @ k_self.transpose(-1, -2)], dim=-1)  # B x H x T x (S+L)
@@ -162,47 +216,16 @@ class CoConAttention(nn.Module):
         out = self.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, C))
         return out, (weights if need_weights else None)
 
-    def _store(self, incremental_state, k_c, v_c, col, rows, k_self, v_self, layout=None):
-        # the content's keys/values once per input (N), the self part per row (B); rows maps one to the
-        # other; layout: the beam layout rows were last found in (saves rebuilding it every step)
-        cache = {"content_k": k_c, "content_v": v_c, "content_col": col, "rows": rows, "self_k": k_self}
-        cache.update(self_v=v_self)
-        if layout is not None:
-            cache["layout"] = layout
+    def _store(self, incremental_state, k_c, v_c, col, k_self, v_self, group: int):
+        # the content's keys/values once per group of ``group`` rows (N = B / group), the self part per row
+        cache = {"content_k": k_c, "content_v": v_c, "content_col": col, "self_k": k_self, "self_v": v_self}
+        cache["group"] = group
         self.set_incremental_state(incremental_state, "cocon", cache)
-
-    @staticmethod
-    def _layout(n: int, B: int, device) -> Optional[Tensor]:
-        """Rows ``0 0 .. 1 1 .. n-1`` in equal groups (fairseq's beam layout), None if B is no multiple of n."""
-        if n == 0 or B % n:
-            return None
-        return torch.arange(n, device=device).repeat_interleave(B // n)
-
-    def _content_part(self, cache: Dict[str, Tensor], B: int):
-        """The cached content K/V/bias with rows in fairseq's beam layout (N inputs x g rows). A beam
-        reorder within an input changes nothing; when inputs finish (the batch shrinks), the content
-        of the remaining inputs is selected once."""
-        k_c, v_c, col, rows = cache["content_k"], cache["content_v"], cache["content_col"], cache["rows"]
-        layout = cache.get("layout")
-        if layout is None or layout.numel() != B:
-            layout = self._layout(k_c.size(0), B, rows.device)
-        if layout is None or not torch.equal(rows, layout):
-            g = B // max(1, k_c.size(0))
-            groups = rows.view(-1, g) if g and B % g == 0 else None
-            if groups is not None and bool((groups == groups[:, :1]).all()):
-                keep = groups[:, 0]  # one input per group of g rows
-            else:
-                keep, g = rows, 1  # any other order: one content copy per row
-            k_c, v_c, col = k_c.index_select(0, keep), v_c.index_select(0, keep), col.index_select(0, keep)
-            rows = layout = torch.arange(keep.numel(), device=rows.device).repeat_interleave(g)
-            cache.update(content_k=k_c, content_v=v_c, content_col=col, rows=rows)
-        cache["layout"] = layout
-        return k_c, v_c, col
 
     def _step(self, x: Tensor, cache: Dict[str, Tensor], incremental_state) -> Tensor:
         """One decoding step (``1 x B x C``): one fused q/k/v projection, the new key/value appended
-        to the self part; the content logits of the g rows of each input in one batched product
-        with that input's cached content keys (no per-step copy of the content), tau added."""
+        to the self part; the content logits of the g rows of each group in one batched product
+        with that group's cached content keys (the content is not copied per row), tau added."""
         _, B, C = x.shape
         w = self.get_incremental_state(incremental_state, "qkv_weight")
         if w is None:  # the weights are fixed while decoding: concatenate them once per search
@@ -212,10 +235,10 @@ class CoConAttention(nn.Module):
             }
             self.set_incremental_state(incremental_state, "qkv_weight", w)
         q, k, v = F.linear(x, w["weight"], w["bias"]).split(C, dim=-1)
-        k_c, v_c, col = self._content_part(cache, B)
+        k_c, v_c, col = cache["content_k"], cache["content_v"], cache["content_col"]
         k_self = torch.cat([cache["self_k"], self._heads(k)], dim=2)
         v_self = torch.cat([cache["self_v"], self._heads(v)], dim=2)
-        self._store(incremental_state, k_c, v_c, col, cache["rows"], k_self, v_self, cache["layout"])
+        self._store(incremental_state, k_c, v_c, col, k_self, v_self, cache["group"])
         q = self._heads(q) * self.scaling  # B x H x 1 x D
         S, N, H = col.size(1), k_c.size(0), self.num_heads
         logits = q @ k_self.transpose(-1, -2)  # B x H x 1 x L
@@ -234,13 +257,27 @@ class CoConAttention(nn.Module):
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(1, B, C))
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        """Reorder the per-row self part and the row -> input map; the content K/V stay per input
-        (the fused weights of "qkv_weight" are not per row either)."""
+        """Reorder the per-row self part, and the per-group content with it: group i of the new
+        rows takes the content of the group its first row came from (``new_order[i g] // g``); when
+        the new rows are no multiple of g, each row takes its own (``new_order // g``, g = 1 from
+        then on). With g = 1 that is exact for any order; with g > 1 it assumes fairseq's beam
+        search, whose reorders move rows only among the g rows of one input and drop finished
+        inputs whole. Decided from shapes alone: no host-device sync. (The fused weights of
+        "qkv_weight" are not per row.)"""
         cache = self.get_incremental_state(incremental_state, "cocon")
         if cache is not None:
-            cache = dict(cache)  # ("layout" is a pattern, not per row: kept)
-            for k in ("self_k", "self_v", "rows"):
+            cache = dict(cache)
+            for k in ("self_k", "self_v"):
                 cache[k] = cache[k].index_select(0, new_order)
+            g = cache["group"]
+            if g == 1:
+                keep = new_order
+            elif new_order.numel() % g:  # rows no longer in groups of g: one content per row from now on
+                keep, cache["group"] = new_order // g, 1
+            else:
+                keep = new_order.view(-1, g)[:, 0] // g
+            for k in ("content_k", "content_v", "content_col"):
+                cache[k] = cache[k].index_select(0, keep)
             self.set_incremental_state(incremental_state, "cocon", cache)
         return incremental_state
 
@@ -256,6 +293,8 @@ class CoConBlock(nn.Module):
         attention_dropout: dropout on the attention weights
         zero_init: start W_o and the FFN output at zero (h' = h: CoCon starts as the LM)
         activation: the FFN's activation (fairseq's names; the model passes the LM's own)
+        content_kv: ``separate`` (the content's own K/V projections, no LayerNorm) or ``shared``
+        content_kv_init: ``fresh`` or ``copy`` (separate only; see the module docstring)
     """
 
     def __init__(
@@ -267,13 +306,15 @@ class CoConBlock(nn.Module):
         attention_dropout: float = 0.0,
         zero_init: bool = True,
         activation: str = "gelu",
+        content_kv: str = "separate",
+        content_kv_init: str = "fresh",
     ):
         super().__init__()
         from fairseq import utils
 
         self.activation_fn = utils.get_activation_fn(activation)
         self.attn_layer_norm = nn.LayerNorm(embed_dim)
-        self.attn = CoConAttention(embed_dim, num_heads, attention_dropout)
+        self.attn = CoConAttention(embed_dim, num_heads, attention_dropout, content_kv, content_kv_init)
         self.ffn_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
@@ -295,9 +336,9 @@ class CoConBlock(nn.Module):
         content_rows: Optional[Tensor] = None,
     ):
         """h: ``T x B x C`` lower-layer text states; content: ``S x N x C`` lower-layer content
-        states (not normalized; this block applies its LayerNorm to both), N = B unless
-        ``content_rows`` maps rows to inputs. Returns h' and the attention weights (see
-        :class:`CoConAttention`)."""
+        states (not normalized: with ``shared`` K/V this block applies the text's LayerNorm to
+        them), N = B unless ``content_rows`` maps rows to inputs. Returns h' and the attention
+        weights (see :class:`CoConAttention`)."""
         if incremental_state is not None and not self.training and h.size(0) == 1 and not need_weights:
             cache = self.attn.get_incremental_state(incremental_state, "cocon")
             if cache is not None:  # a decoding step: the same computation without module-call overhead
@@ -310,7 +351,9 @@ class CoConBlock(nn.Module):
                     F.layer_norm(h, ln.normalized_shape, ln.weight, ln.bias, ln.eps), self.fc1.weight, self.fc1.bias
                 )
                 return h + F.linear(self.activation_fn(f), self.fc2.weight, self.fc2.bias), None
-        c = self.attn_layer_norm(content) if content is not None else None
+        c = content
+        if content is not None and self.attn.content_kv_mode == "shared":
+            c = self.attn_layer_norm(content)
         a, w = self.attn(
             self.attn_layer_norm(h),
             c,

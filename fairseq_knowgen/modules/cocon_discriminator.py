@@ -5,8 +5,8 @@ equation for it) on hidden-state sequences.
 The paper leaves its shape open; here (``--cocon-disc-dim``): a position-wise two-layer MLP
 (LayerNorm, Linear d -> d_disc, GELU, Linear d_disc -> d_disc), mean-pooled over the non-padded
 positions, then Linear d_disc -> 1: one logit per sequence, "real" (the frozen LM's states
-``enc(x^b)``) vs "fake" (the CoCon block's states ``h'`` of the same positions; the paper's fake
-side is generated text, see :mod:`fairseq_knowgen.criterions.cocon`)::
+``enc(x^b)`` of real text) vs "fake" (the CoCon block's states while it generates, as the paper;
+see :mod:`fairseq_knowgen.criterions.cocon` for both sides)::
 
     f_disc(h) = w^T mean_i MLP(LN(h_i)) + b
     L_disc = -log sigmoid(f_disc(real)) - log(1 - sigmoid(f_disc(fake)))   (the discriminator minimizes it)
@@ -48,18 +48,30 @@ class HiddenStateDiscriminator(nn.Module):
         return self.out(pooled).squeeze(-1)
 
 
-def discriminator_losses(disc: HiddenStateDiscriminator, real: Tensor, fake: Tensor, padding_mask: Tensor):
-    """``(L_disc, L_adv)`` summed over the batch, with separated gradients:
+def discriminator_losses(
+    disc: HiddenStateDiscriminator,
+    real: Tensor,
+    fake: Tensor,
+    real_padding_mask: Optional[Tensor] = None,
+    fake_padding_mask: Optional[Tensor] = None,
+    rows: Optional[Tensor] = None,
+):
+    """``(L_disc, L_adv)`` summed over the batch's sequences, with separated gradients:
 
     - ``L_disc`` sees detached states: its gradient reaches the discriminator only;
     - ``L_adv`` (generator side) runs the discriminator with detached parameters
       (``torch.func.functional_call``): its gradient reaches the fake states (CoCon) only.
+
+    ``real`` and ``fake`` are ``B x T x C`` and ``B x T' x C`` (their lengths may differ: real
+    text against generated steps); ``rows`` (``B`` bool) keeps only some sequences in the sums.
     """
-    d_real = disc(real.detach(), padding_mask)
-    d_fake = disc(fake.detach(), padding_mask)
-    l_disc = F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real), reduction="sum")
-    l_disc = l_disc + F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake), reduction="sum")
+    keep = None if rows is None else rows.to(real.dtype)
+
+    def bce(logits, label):
+        loss = F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, label), reduction="none")
+        return (loss if keep is None else loss * keep).sum()
+
+    l_disc = bce(disc(real.detach(), real_padding_mask), 1.0) + bce(disc(fake.detach(), fake_padding_mask), 0.0)
     frozen = {k: v.detach() for k, v in disc.named_parameters()}
-    g_fake = torch.func.functional_call(disc, frozen, (fake, padding_mask))
-    l_adv = F.binary_cross_entropy_with_logits(g_fake, torch.ones_like(g_fake), reduction="sum")
+    l_adv = bce(torch.func.functional_call(disc, frozen, (fake, fake_padding_mask)), 1.0)
     return l_disc, l_adv

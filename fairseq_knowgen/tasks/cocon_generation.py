@@ -29,7 +29,9 @@ same search. Beam search, ``--sampling``, ``--sampling-topk`` and ``--sampling-t
 Use ``--max-len-a 0 --max-len-b N`` (the source is the content, not a text to translate).
 
 Training: ``train_step`` hands fairseq's ``update_num`` to the criterion (``set_update_num``), so
-that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates.
+that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` gives
+the discriminator no optimizer step on the updates where it does not learn
+(``--cocon-disc-update-freq``).
 """
 
 import os
@@ -45,9 +47,17 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from ..models.cocon import PROMPT, SEP, CoConSetupError
+from ..optim_utils import no_optimizer_step
 from ..textio import DataError, read_lines
 
 COCON_MODES = ChoiceEnum(["cocon", "lm"])
+
+
+def unwrap(model):
+    """The model inside fairseq's DDP / other wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 @dataclass
@@ -278,7 +288,19 @@ class CoConGenerationTask(FairseqTask):
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         if hasattr(criterion, "set_update_num"):
             criterion.set_update_num(update_num)
+        learns = getattr(criterion, "discriminator_learns", None)
+        self._discriminator_learns = learns(unwrap(model)) if learns is not None else True
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def optimizer_step(self, optimizer, model, update_num):
+        """fairseq's step, except that on updates where the ``cocon`` criterion gives the
+        discriminator no loss (``--cocon-disc-update-freq``, before ``--cocon-adv-start``) its
+        parameters and optimizer state stay exactly as they are."""
+        disc = getattr(unwrap(model), "discriminator", None)
+        if disc is None or getattr(self, "_discriminator_learns", True):
+            return optimizer.step()
+        with no_optimizer_step(disc.parameters(), optimizer):
+            optimizer.step()
 
     def conditioned_sample(self, sample):
         """Split every source row into its contents (the encoder's input) and its prompt

@@ -1,5 +1,6 @@
-"""The K-BERT encoder and its training: the visible matrix and soft positions in the encoder,
-loading a tiny RoBERTa checkpoint, loss going down, checkpoint round trip, 2-rank DDP."""
+"""The K-BERT encoder and its training: the visible matrix and soft positions in a one-layer
+encoder on the task's data (multi-layer: test_kbert_visible_matrix.py), loading a tiny RoBERTa
+checkpoint, loss going down, checkpoint round trip, 2-rank DDP."""
 
 import numpy as np
 import pytest
@@ -32,19 +33,6 @@ def build(data, *extra, task="kbert_tagging", kg=True):
 def features(model, batch):
     with torch.no_grad():
         return model(**batch["net_input"], features_only=True)[0]
-
-
-def test_all_visible_matrix_equals_no_visible_matrix_exactly(tagging_dir):
-    """Without a KG every token is trunk: the visible matrix is all true (but padding) and the
-    encoder's output equals that of the same weights with --no-visible-matrix, bit for bit."""
-    task, model = build(tagging_dir, kg=False)
-    batch = first_batch(task)
-    pad = batch["net_input"]["src_tokens"].eq(task.source_dictionary.pad())
-    assert pad.any()  # the batch has padding
-    with_vm = features(model, batch)
-    model.encoder.use_visible_matrix = False
-    without = features(model, batch)
-    assert torch.equal(with_vm[~pad], without[~pad])
 
 
 def test_one_layer_trunk_tokens_away_from_mentions_do_not_see_the_knowledge(tagging_dir):
@@ -239,12 +227,6 @@ def test_dataset_keeps_small_ints_per_token_and_no_matrix(tagging_dir):
         assert len(ids) == len(soft) == len(branch) == len(mention)
         assert soft.dtype == branch.dtype == mention.dtype == np.int16
     assert sum(a.nbytes for item in ds.items for a in item[1:]) == 6 * int(ds.sizes.sum())
-
-
-def test_kbert_base_has_bert_base_sizes(tagging_dir):
-    _, _, args = build_task_and_model(tagging_dir, "kbert_base", "--kg", f"{tagging_dir}/kg.spo", task="kbert_tagging")
-    sizes = (args.encoder_layers, args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim)
-    assert sizes == (12, 768, 12, 3072) and args.activation_fn == "gelu" and not args.encoder_normalize_before
 
 
 def test_restore_file_with_reset_flags_starts_from_a_roberta_checkpoint(tagging_dir, tiny_roberta, tmp_path):

@@ -25,10 +25,13 @@ def switch_with_p_gen(p_gen, dims=2):
 
 
 def run_generator(gen, logits, src, attn, copyable, not_generated=None):
+    """The generator's outputs, with ``lprobs``: log-softmax of the mixture's logits (what
+    ``get_normalized_probs`` returns)."""
     bsz, tgt_len, _ = logits.shape
     state = torch.zeros(bsz, tgt_len, 2)
     enc = torch.randn(bsz, src.size(1), 2)
-    return gen(logits, state, state, attn, enc, src, copyable, not_generated)
+    out = gen(logits, state, state, attn, enc, src, copyable, not_generated)
+    return {**out, "lprobs": torch.log_softmax(out["logits"], -1)}
 
 
 def test_mixture_hand_computed():
@@ -58,7 +61,7 @@ def test_placeholders_have_zero_generation_probability_but_are_copied():
     src = torch.tensor([[4, 6, EOS]])
     attn = torch.tensor([[[0.5, 0.25, 0.25]]])
     copyable = torch.tensor([[True, True, False]])
-    not_generated = torch.tensor([False] * 6 + [True, True])
+    not_generated = torch.tensor([6, 7])
     out = run_generator(gen, logits, src, attn, copyable, not_generated)
     exp = [math.exp(x) for x in logits[0, 0, :6].tolist()]
     p_vocab = [e / sum(exp) for e in exp] + [0.0, 0.0]
@@ -388,13 +391,16 @@ def test_copy_incremental_equals_full(tiny_bin, flags):
     net = first_batch(task)["net_input"]
     enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
     prev = net["prev_output_tokens"]
-    (full, extra), steps = decode_full_and_stepwise(model, enc, prev)
+    (logits, extra), steps = decode_full_and_stepwise(model, enc, prev)
     real = prev.ne(task.target_dictionary.pad())
-    torch.testing.assert_close(torch.cat([s[0] for s in steps], 1)[real], full[real], atol=1e-5, rtol=1e-5)
+    full = model.get_normalized_probs((logits, extra), log_probs=True)
+    stepwise = torch.cat([model.get_normalized_probs(s, log_probs=True) for s in steps], 1)
+    torch.testing.assert_close(stepwise[real], full[real], atol=1e-5, rtol=1e-5)
     pgen = torch.cat([s[1]["p_gen"] for s in steps], 1)
     torch.testing.assert_close(pgen[real], extra["p_gen"][real], atol=1e-5, rtol=1e-5)
-    total = full.exp().sum(-1)[real]
-    torch.testing.assert_close(total, torch.ones_like(total), atol=1e-5, rtol=0)
+    # the first output is the mixture's logits, log P(w) - log p_gen: they sum to 1 / p_gen
+    total = torch.logsumexp(logits, -1)[real]
+    torch.testing.assert_close(total, -F.logsigmoid(extra["p_gen_logit"][..., 0])[real], atol=1e-5, rtol=1e-5)
 
 
 def test_copy_distribution_uses_diminishing_weights(tiny_bin):
@@ -445,7 +451,8 @@ def test_copy_model_keeps_placeholders_out_of_p_vocab(word_level_bin):
     sample = first_batch(task)
     src = sample["net_input"]["src_tokens"]
     with torch.no_grad():
-        lprobs, extra = model(**sample["net_input"])
+        out = model(**sample["net_input"])
+        lprobs, extra = model.get_normalized_probs(out, log_probs=True), out[1]
     assert (extra["vocab_lprobs"][..., ph] == -math.inf).all()
     seen = 0
     for b in range(src.size(0)):
@@ -597,7 +604,8 @@ def test_unk_is_never_a_copy_target(tiny_bin):
     src[torch.arange(src.size(0)), first] = d.unk()
     target[:, 0] = d.unk()
     with torch.no_grad():
-        lprobs, extra = model(**sample["net_input"])
+        out = model(**sample["net_input"])
+        lprobs, extra = model.get_normalized_probs(out, log_probs=True), out[1]
         assert (extra["copy_attn"][torch.arange(src.size(0)), :, first] == 0).all()
         # P(<unk>) = p_gen P_vocab(<unk>): nothing copied
         gen_only = torch.nn.functional.logsigmoid(extra["p_gen_logit"][..., 0]) + extra["vocab_lprobs"][..., d.unk()]

@@ -163,7 +163,7 @@ class ForceCopyCriterion(FairseqCriterion):
     def copy_loss(self, model, net_output, sample):
         """The loss of ``--copy-supervision`` summed over the target steps, the sample size
         and the logging output (each term summed on its own)."""
-        lprobs, extra = net_output
+        extra = net_output[1]
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             if key not in extra:
                 raise ValueError(
@@ -174,8 +174,9 @@ class ForceCopyCriterion(FairseqCriterion):
         src_tokens = extra.get("src_tokens", sample["net_input"]["src_tokens"])  # the ids copy_attn points at
         # the model's own mask when it gives one (EKI's also keeps <sep> out), else pad/EOS/BOS/<unk>
         copyable = extra["copyable"] if "copyable" in extra else ~self.uncopyable[src_tokens]
+        # log P(w*) at the targets from the extras (the first output is the mixture's logits, or None)
         t = force_copy_terms(
-            lprobs,
+            None,
             extra["vocab_lprobs"],
             extra["p_gen_logit"],
             extra["copy_attn"],

@@ -3,19 +3,24 @@
 The copy head (Eq. 5-6 of the force-copy paper, See et al.'s pointer-generator) is
 :class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`; train it with the
 ``force_copy`` criterion (``--copy-supervision none|force|force-unk``). The decoder returns
-the mixture *log-probabilities* log P(w) as its first output, and ``p_gen`` (with its logit
-``p_gen_logit``), the (renormalized) copy attention ``copy_attn`` and log P_vocab
-(``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
+the *logits* of the mixture as its first output (log P(w) - log p_gen,
+:func:`~fairseq_knowgen.modules.copy_generator.mixture_logits`: their log-softmax is log P(w)),
+and ``p_gen`` (with its logit ``p_gen_logit``), the (renormalized) copy attention ``copy_attn``
+and log P_vocab (``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
 
-In training mode the first output is None: the mixture over the whole vocabulary costs a
-dozen ``B x T x V`` operations that a loss at the targets does not need (the ``force_copy``
-criteria take log P(w*) from the extras, :func:`~fairseq_knowgen.modules.copy_generator.mixture_lprobs_at`);
-``get_normalized_probs`` computes the mixture from the extras for any other criterion.
+In training mode the first output is None: the mixture over the whole vocabulary is not
+needed for a loss at the targets (the ``force_copy`` criteria take log P(w*) from the extras,
+:func:`~fairseq_knowgen.modules.copy_generator.mixture_lprobs_at`); ``get_normalized_probs``
+computes it from the extras for any other criterion.
 
-Decoding: ``get_normalized_probs`` is ``log_softmax`` of that first output (a no-op on a
-normalized distribution), so fairseq-generate's ``--temperature T``, which divides the
-decoder's first output by T, samples and searches P(w)^(1/T) / Z: the temperature of the
-mixture, as ``softmax(logits / T)`` is for a plain transformer.
+Decoding: ``get_normalized_probs`` is ``log_softmax`` of that first output, the one
+normalisation every fairseq decoder's logits get, so fairseq-generate's ``--temperature T``,
+which divides the decoder's first output by T, samples and searches P(w)^(1/T) / Z: the
+temperature of the mixture, as ``softmax(logits / T)`` is for a plain transformer. In
+incremental decoding (no gradients) the mixture is written into log P_vocab's tensor, and
+``vocab_lprobs`` is left out of the extras; what depends on the source alone is computed on
+the first step and kept in the incremental state
+(:meth:`~fairseq_knowgen.modules.copy_generator.CopyGenerator.source_index`).
 
 Vocabulary: source and target must share one dictionary (the copy head scatters source ids
 into the target vocabulary; :meth:`CopyTransformerModel.build_model` refuses two). Its
@@ -51,7 +56,7 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from ..modules.copy_generator import CopyGenerator, copyable_mask, full_mixture
+from ..modules.copy_generator import CopyGenerator, full_mixture
 from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_attention
 
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
@@ -162,7 +167,7 @@ class CopyDecoderMixin:
     ``forward`` runs the class's own ``extract_features`` (fairseq's, or EKI's with its
     position indicator) with the copy layer's attention as alignment, then mixes P_vocab and
     the copy distribution (:class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`,
-    Eq. 5-6) and returns log P(w). A subclass calls :meth:`add_copy_head` at the end of its
+    Eq. 5-6) and returns the mixture's logits. A subclass calls :meth:`add_copy_head` at the end of its
     ``__init__``; its ``encoder_out`` must carry ``src_tokens``.
     """
 
@@ -180,6 +185,8 @@ class CopyDecoderMixin:
         self.copy_generator = CopyGenerator(self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim)
         self.register_buffer("uncopyable", uncopyable_mask(dictionary, uncopyable_symbols), persistent=False)
         self.register_buffer("placeholders", placeholder_mask(dictionary), persistent=False)
+        # their ids: P_vocab = 0 is written into these columns only
+        self.register_buffer("placeholder_ids", self.placeholders.nonzero().squeeze(1), persistent=False)
 
     def forward(
         self,
@@ -193,9 +200,10 @@ class CopyDecoderMixin:
         src_lengths: Optional[Any] = None,
         return_all_hiddens: bool = False,
     ):
-        """Returns (log P(w) ``B x T x V``, extra) where extra holds ``p_gen`` and
+        """Returns (the mixture's logits ``B x T x V``, extra) where extra holds ``p_gen`` and
         ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_lprobs``
-        (``B x T x V``), ``copyable`` (``B x S`` bool, the source positions that may be
+        (``B x T x V``; not in incremental decoding without gradients, where the mixture is
+        written into it), ``copyable`` (``B x S`` bool, the source positions that may be
         copied: the criterion's "w* in X" uses the same), ``src_tokens`` and ``attn``. In
         training mode the first output is None (see the module docstring)."""
         x, extra = self.extract_features(
@@ -211,7 +219,7 @@ class CopyDecoderMixin:
         input_embed = self.embed_tokens(tokens)  # y_t: B x T x C
         src_tokens = encoder_out["src_tokens"][0]
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
-        copyable = copyable_mask(src_tokens, self.uncopyable)
+        index = self.copy_generator.source_index(src_tokens, self.uncopyable, incremental_state)
         out = self.copy_generator(
             self.output_layer(x),
             x,
@@ -219,26 +227,30 @@ class CopyDecoderMixin:
             extra["attn"][0],
             enc,
             src_tokens,
-            copyable,
-            self.placeholders,
+            index["copyable"],
+            self.placeholder_ids,
             full=not self.training,
+            index=index,
+            in_place=incremental_state is not None and not torch.is_grad_enabled(),
         )
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
-            extra[key] = out[key]
-        extra["copyable"], extra["src_tokens"] = copyable, src_tokens
+            if out[key] is not None:
+                extra[key] = out[key]
+        extra["copyable"], extra["src_tokens"] = index["copyable"], src_tokens
         extra["attn"] = [out["copy_attn"]]
-        return out["lprobs"], extra
+        return out["logits"], extra
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
-        """(Log-)softmax of the first output: the mixture itself, or P(w)^(1/T) / Z after
-        fairseq's sequence generator divided it by ``--temperature`` T. A training-mode output
+        """(Log-)softmax of the first output, the mixture's logits: P(w), or P(w)^(1/T) / Z after
+        fairseq's sequence generator divided them by ``--temperature`` T. A training-mode output
         (first output None) gets its mixture computed here from the extras."""
-        lprobs = net_output[0]
-        if lprobs is None:
+        logits = net_output[0]
+        if logits is None:
             e = net_output[1]
             lprobs = full_mixture(e["vocab_lprobs"], e["p_gen_logit"], e["copy_attn"], e["src_tokens"], e["copyable"])
-        lprobs = lprobs.float()
-        return torch.log_softmax(lprobs, dim=-1) if log_probs else torch.softmax(lprobs, dim=-1)
+            return lprobs if log_probs else lprobs.exp()
+        logits = logits.float()
+        return torch.log_softmax(logits, dim=-1) if log_probs else torch.softmax(logits, dim=-1)
 
 
 class CopyTransformerDecoder(CopyDecoderMixin, TransformerDecoderBase):

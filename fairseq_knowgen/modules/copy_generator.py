@@ -34,12 +34,23 @@ Choices the text leaves open (documented here, flags of ``copy_transformer``):
   copies pieces.
 
 Cost: training only needs log P at the target (:func:`mixture_lprobs_at`, ``B x T``), so
-``CopyGenerator(..., full=False)`` skips the full mixture; :func:`full_mixture` computes it
-from the same parts when a caller needs it (decoding, another criterion), with one ``B x T x
-V`` addition and a scatter beyond the ``log_softmax`` of P_vocab, the log-sum itself only at
-the source words. Measured on CommonGen (EKI input, 8,000 BPE types): the full mixture written
-densely (a dozen ``B x T x V`` operations and their gradients) made a training step ~2.7x
-slower than EKI without the copy head.
+``CopyGenerator(..., full=False)`` skips the full mixture. Decoding needs it over the whole
+vocabulary, and computes it where it differs from generation only: Eq. 6 divided by p_gen is
+
+    P(w) / p_gen = P_vocab(w) + e^{-z} sum_{i: x_i = w} alpha_{t,i}
+
+so its log (:func:`mixture_logits`) is log P_vocab everywhere except at the source words,
+where one value per distinct word is written. Those are *logits* of the mixture: their
+log-softmax is log P(w) exactly (they sum to 1 / p_gen), so the decoder returns them as its
+first output like any fairseq decoder returns logits, and ``get_normalized_probs``'s one
+log-softmax (the one every decoder pays) gives log P(w), or P(w)^(1/T) / Z after fairseq's
+``--temperature`` T has divided them. No second normalisation, no ``B x T x V`` operation
+beyond log P_vocab's ``log_softmax``. What depends on the source alone (which positions may
+be copied, which position stands for each distinct word: :func:`source_index`) is computed
+once per input and kept in the incremental state, reordered with the beam.
+Measured on CommonGen (EKI input, 8,000 BPE types): the full mixture written densely (a dozen
+``B x T x V`` operations and their gradients) made a training step ~2.7x slower than EKI
+without the copy head.
 """
 
 from typing import Dict, Optional
@@ -47,6 +58,7 @@ from typing import Dict, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 
@@ -81,35 +93,78 @@ def mixture_lprobs_at(
     return log_add(F.logsigmoid(z) + vocab, F.logsigmoid(-z) + copy_lprobs_at(copy_attn, src_tokens, copyable, words))
 
 
+def source_index(src_tokens: Tensor, copyable: Tensor) -> Dict[str, Tensor]:
+    """What the mixture needs of the source alone (each ``B x S``), computed once per input:
+
+    - ``tokens``: x_i, the vocabulary column position i writes; ``copyable``;
+    - ``slot``: the position standing for x_i's word: its first copyable position, else its
+      first position; ``primary``: ``slot == i`` (one position per distinct word);
+    - ``has_copy``: the word has a copyable position (it gets a copy part in Eq. 6).
+
+    A stable sort by (word, not copyable) groups the positions of a word, copyable ones first:
+    ``O(S log S)``, not an ``S x S`` comparison."""
+    bsz, src_len = src_tokens.shape
+    key = src_tokens * 2 + (~copyable).long()
+    sorted_key, perm = torch.sort(key, dim=1, stable=True)
+    word = sorted_key // 2
+    starts = torch.ones_like(copyable)
+    starts[:, 1:] = word[:, 1:] != word[:, :-1]
+    pos = torch.arange(src_len, device=src_tokens.device).expand(bsz, src_len)
+    group_first = torch.where(starts, pos, torch.zeros_like(pos)).cummax(dim=1).values  # in sorted order
+    slot = torch.empty_like(perm).scatter_(1, perm, perm.gather(1, group_first))
+    return {
+        "tokens": src_tokens,
+        "copyable": copyable,
+        "slot": slot,
+        "primary": slot == pos,
+        "has_copy": copyable.gather(1, slot),
+    }
+
+
+def mixture_logits(
+    vocab_lprobs: Tensor, p_gen_logit: Tensor, copy_attn: Tensor, index: Dict[str, Tensor], in_place: bool = False
+) -> Tensor:
+    """Logits of Eq. 6's mixture, ``B x T x V``: u(w) = log(P_vocab(w) + e^{-z} sum_{i: x_i = w}
+    alpha_{t,i}) = log P(w) - log p_gen, so that ``log_softmax(u)`` is log P(w).
+
+    Equal to log P_vocab except at the source words: Eq. 6's log-sum is computed at the source
+    positions (``B x T x S``, the copy mass of each word collected at its ``slot``) and written
+    into ``vocab_lprobs``'s columns (a copy of it, or ``vocab_lprobs`` itself with ``in_place``;
+    autograd: only without gradients). Every position of a word writes the same value; only the
+    word's ``primary`` position carries a gradient, so none is counted twice.
+
+    Args:
+        vocab_lprobs: log P_vocab ``B x T x V``; p_gen_logit: z, ``B x T x 1``
+        copy_attn: alpha ``B x T x S``; index: :func:`source_index` of the source
+    """
+    bsz, tgt_len, _ = vocab_lprobs.shape
+    src_len = index["tokens"].size(1)
+    alpha = copy_attn.float() * index["copyable"].unsqueeze(1)
+    slot = index["slot"].unsqueeze(1).expand(bsz, tgt_len, src_len)
+    mass = torch.zeros_like(alpha).scatter_add_(2, slot, alpha).gather(2, slot)  # B x T x S: x_i's word's mass
+    cols = index["tokens"].unsqueeze(1).expand(bsz, tgt_len, src_len)
+    at_src = vocab_lprobs.gather(2, cols)  # B x T x S
+    # floored at the smallest normal float (an attention weight may underflow): never -inf for a source word
+    tiny = torch.finfo(mass.dtype).tiny
+    copied = log_add(at_src, mass.clamp_min(tiny).log() - p_gen_logit.float())
+    value = torch.where(index["has_copy"].unsqueeze(1), copied, at_src)
+    value = torch.where(index["primary"].unsqueeze(1), value, value.detach())
+    if in_place:
+        return vocab_lprobs.scatter_(2, cols, value)
+    return vocab_lprobs.scatter(2, cols, value)
+
+
 def full_mixture(
     vocab_lprobs: Tensor, p_gen_logit: Tensor, copy_attn: Tensor, src_tokens: Tensor, copyable: Tensor
 ) -> Tensor:
-    """log P(w) of Eq. 6 for every word of the vocabulary: ``B x T x V``.
-
-    Only the words of the source have a copy part, so the mixture is computed where it
-    differs from the generation part: log p_gen + log P_vocab over the vocabulary (one
-    ``B x T x V`` addition), then Eq. 6's log-sum at the source positions (``B x T x S``),
-    written back once per distinct copyable word (its first copyable position; the others
-    write into a spare column that is cut off, so that no gradient is counted twice).
-    Values and gradients equal :func:`mixture_lprobs_at` at every word."""
-    bsz, tgt_len, vocab_size = vocab_lprobs.shape
-    src_len = src_tokens.size(1)
+    """log P(w) of Eq. 6 for every word of the vocabulary: ``B x T x V``, the
+    :func:`mixture_logits` plus log p_gen. Values and gradients equal :func:`mixture_lprobs_at`
+    at every word."""
     z = p_gen_logit.float()
-    generated = F.logsigmoid(z) + vocab_lprobs  # B x T x V
-    # same[b, i, j]: position j is copyable and holds the word of position i
-    same = (src_tokens.unsqueeze(2) == src_tokens.unsqueeze(1)) & copyable.unsqueeze(1)  # B x S x S
-    mass = torch.bmm(copy_attn.float(), same.transpose(1, 2).float())  # B x T x S: the copy mass of x_i's word
-    # floored at the smallest normal float (an attention weight may underflow): never -inf for a source word
-    tiny = torch.finfo(mass.dtype).tiny
-    index = src_tokens.unsqueeze(1).expand(bsz, tgt_len, src_len)
-    mixed = log_add(generated.gather(2, index), F.logsigmoid(-z) + mass.clamp_min(tiny).log())  # B x T x S
-    earlier = torch.ones(src_len, src_len, dtype=torch.bool, device=same.device).tril(-1)  # j < i
-    writer = copyable & ~(same & earlier).any(2)  # B x S: the first copyable position of each word
-    write_to = torch.where(writer.unsqueeze(1), index, torch.full_like(index, vocab_size))
-    spare = generated.new_zeros(bsz, tgt_len, 1)
-    return torch.cat([generated, spare], dim=2).scatter(2, write_to, mixed)[..., :vocab_size].contiguous()
+    return mixture_logits(vocab_lprobs, z, copy_attn, source_index(src_tokens, copyable)) + F.logsigmoid(z)
 
 
+@with_incremental_state
 class CopyGenerator(nn.Module):
     """Soft switch and mixture distribution of the pointer-generator.
 
@@ -135,17 +190,25 @@ class CopyGenerator(nn.Module):
         copyable: Tensor,
         not_generated: Optional[Tensor] = None,
         full: bool = True,
+        index: Optional[Dict[str, Tensor]] = None,
+        in_place: bool = False,
     ) -> Dict[str, Optional[Tensor]]:
         """
         Args:
-            vocab_logits: ``B x T x V``; state: ``B x T x C_s``; input_embed: ``B x T x C_y``
+            vocab_logits: ``B x T x V`` (overwritten at ``not_generated``); state: ``B x T x C_s``;
+                input_embed: ``B x T x C_y``
             attn: raw copy attention ``B x T x S``; encoder_states: ``B x S x C_h``
             src_tokens: ``B x S`` vocabulary ids; copyable: ``B x S`` bool
-            not_generated: ``V`` bool, ids outside the fixed vocabulary (P_vocab = 0)
-            full: compute the mixture over the whole vocabulary (else ``lprobs`` is None: see
-                :func:`mixture_lprobs_at` and :func:`full_mixture`)
+            not_generated: 1-D ids outside the fixed vocabulary (P_vocab = 0)
+            full: compute the mixture over the whole vocabulary (else ``logits`` is None: see
+                :func:`mixture_lprobs_at` and :func:`mixture_logits`)
+            index: :func:`source_index` of ``src_tokens`` and ``copyable`` when the caller keeps
+                it (see :meth:`source_index`); computed here otherwise
+            in_place: write the mixture into log P_vocab's tensor (decoding without gradients;
+                ``vocab_lprobs`` is then None)
         Returns:
-            dict with ``lprobs`` (log of Eq. 6, ``B x T x V``, or None), ``vocab_lprobs`` (log
+            dict with ``logits`` (the mixture's logits, :func:`mixture_logits`: their
+            log-softmax is log of Eq. 6, ``B x T x V``, or None), ``vocab_lprobs`` (log
             P_vocab), ``p_gen`` and its logit ``p_gen_logit`` (z of Eq. 5, ``B x T x 1``)
             and ``copy_attn`` (alpha renormalized, ``B x T x S``).
         """
@@ -157,17 +220,42 @@ class CopyGenerator(nn.Module):
         context = torch.bmm(alpha.type_as(encoder_states), encoder_states)  # B x T x C_h
         z = self.switch(torch.cat([context, state, input_embed], dim=-1)).float()  # B x T x 1
         logits = vocab_logits.float()
-        if not_generated is not None:
-            logits = logits.masked_fill(not_generated.to(logits.device), float("-inf"))
+        if not_generated is not None and not_generated.numel() > 0:
+            logits = logits.index_fill_(-1, not_generated.to(logits.device), float("-inf"))
         vocab_lprobs = torch.log_softmax(logits, dim=-1)
-        lprobs = full_mixture(vocab_lprobs, z, alpha, src_tokens, copyable) if full else None
+        mixed = None
+        if full:
+            index = source_index(src_tokens, copyable) if index is None else index
+            mixed = mixture_logits(vocab_lprobs, z, alpha, index, in_place=in_place)
         return {
-            "lprobs": lprobs,
-            "vocab_lprobs": vocab_lprobs,
+            "logits": mixed,
+            "vocab_lprobs": None if (full and in_place) else vocab_lprobs,
             "p_gen": torch.sigmoid(z),
             "p_gen_logit": z,
             "copy_attn": alpha,
         }
+
+    def source_index(
+        self, src_tokens: Tensor, uncopyable: Optional[Tensor], incremental_state=None
+    ) -> Dict[str, Tensor]:
+        """:func:`source_index` of ``src_tokens`` (copyable: not ``uncopyable``, see
+        :func:`copyable_mask`), computed on the first decoding step and kept in the incremental
+        state (:meth:`reorder_incremental_state` moves it with the beam)."""
+        if incremental_state is not None:
+            cached = self.get_incremental_state(incremental_state, "source")
+            if cached is not None:
+                return cached
+        index = source_index(src_tokens, copyable_mask(src_tokens, uncopyable))
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "source", index)
+        return index
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Beam search: the source index follows its hypotheses (``index_select(0, new_order)``)."""
+        cached = self.get_incremental_state(incremental_state, "source")
+        if cached is not None:
+            reordered = {k: v.index_select(0, new_order) for k, v in cached.items()}
+            self.set_incremental_state(incremental_state, "source", reordered)
 
 
 def copyable_mask(src_tokens: Tensor, uncopyable: Optional[Tensor]) -> Tensor:

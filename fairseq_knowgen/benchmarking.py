@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 BASELINE = "transformer"
 
@@ -203,18 +203,46 @@ def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4, sizes: str =
     return flags
 
 
-def make_data(kind: str, workdir: str, n_train: int, n_valid: int, vocab: int = 0):
-    """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry (``vocab``: see
-    :func:`make_synthetic_data`; the built-in sets only)."""
+def make_data(kind: str, workdir: str, n_train: int, n_valid: int, vocab: int = 0, real: Optional[Tuple] = None):
+    """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry (``vocab``, ``real``:
+    see :func:`make_synthetic_data`; the built-in sets only)."""
     if ":" not in kind:
-        return make_synthetic_data(workdir, n_train, n_valid, kind, vocab), {}
+        return make_synthetic_data(workdir, n_train, n_valid, kind, vocab, real), {}
     if vocab:
         raise ValueError(f"--vocab pads the built-in synthetic data only, not {kind}")
     out = _function(kind)(workdir, n_train, n_valid)
     return out if isinstance(out, tuple) else (out, {})
 
 
-def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "triples", vocab: int = 0) -> str:
+REAL_SETS = ("commongen", "webnlg")
+
+
+def real_pairs(root: str, name: str):
+    """(source, target) lines of a real data set's dev split under ``root`` (``shared/data``'s
+    layout, see its README), whitespace-tokenized as the files have them: CommonGen concept sets
+    and references; WebNLG triples linearized ``<S> s <P> p <O> o`` and their texts."""
+    if name == "commongen":
+        base = os.path.join(root, "commongen", "commongen.dev")
+        src = open(f"{base}.src_alpha.txt").read().splitlines()
+        tgt = open(f"{base}.tgt.txt").read().splitlines()
+        return list(zip(src, tgt))
+    if name == "webnlg":
+        import glob
+        import xml.etree.ElementTree as ET
+
+        pairs = []
+        for path in sorted(glob.glob(os.path.join(root, "webnlg", "dev", "*triples", "*.xml"))):
+            for entry in ET.parse(path).getroot().iter("entry"):
+                triples = [t.text.split(" | ") for t in entry.iter("mtriple")]
+                src = " ".join(f"<S> {a} <P> {b} <O> {c}".replace("_", " ") for a, b, c in triples)
+                pairs += [(src, lex.text.strip()) for lex in entry.iter("lex") if lex.text]
+        return pairs
+    raise ValueError(f"unknown real data set {name!r}: one of {REAL_SETS}")
+
+
+def make_synthetic_data(
+    workdir: str, n_train: int, n_valid: int, kind: str = "triples", vocab: int = 0, real: Optional[Tuple] = None
+) -> str:
     """The built-in triples-to-text data set, binarized with a joined dictionary.
 
     ``kind="eki"``: sources become retrieve-and-edit inputs ``objects <sep> prototype``
@@ -226,12 +254,26 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "t
     from .demo_data import make_dataset
 
     raw, out = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
-    make_dataset(raw, train=n_train, valid=n_valid, test=n_valid, seed=7)
+    if real is None:
+        make_dataset(raw, train=n_train, valid=n_valid, test=n_valid, seed=7)
+    else:  # real lengths: the pairs of a real set (``real = (root, name)``), cycled to the sizes asked
+        pairs = real_pairs(*real)
+        os.makedirs(raw, exist_ok=True)
+        for split, n, start in (("train", n_train, 0), ("valid", n_valid, n_train)):
+            chosen = [pairs[(start + i) % len(pairs)] for i in range(n)]
+            for side, k in (("src", 0), ("tgt", 1)):
+                with open(f"{raw}/{split}.{side}", "w") as f:
+                    f.writelines(p[k] + "\n" for p in chosen)
     if kind == "eki":
         for split in ("train", "valid"):
             src = open(f"{raw}/{split}.src").read().splitlines()
             tgt = open(f"{raw}/{split}.tgt").read().splitlines()
-            concepts = [" ".join(w for part in s.split("<O>")[1:] for w in part.split("<S>")[0].split()) for s in src]
+            if real is not None and real[1] == "commongen":
+                concepts = src
+            else:
+                concepts = [
+                    " ".join(w for part in line.split("<O>")[1:] for w in part.split("<S>")[0].split()) for line in src
+                ]
             protos = tgt[1:] + tgt[:1]
             with open(f"{raw}/{split}.src", "w") as f:
                 f.writelines(f"{c} <sep> {p}\n" for c, p in zip(concepts, protos))
@@ -259,7 +301,7 @@ def make_synthetic_data(workdir: str, n_train: int, n_valid: int, kind: str = "t
     return out
 
 
-def build(prof: Dict, data: str, model_args: List[str], max_tokens: int = 2048):
+def build(prof: Dict, data: str, model_args: List[str], max_tokens: int = 2048, device: str = "cpu"):
     """``(task, model, criterion)`` of profile ``prof`` (:func:`profile`, :func:`baseline_profile`)
     on ``data`` (train and valid loaded), with ``model_args`` after the profile's own arguments."""
     from fairseq import options, tasks
@@ -279,7 +321,7 @@ def build(prof: Dict, data: str, model_args: List[str], max_tokens: int = 2048):
             prof["arch"],
             "--criterion",
             prof["criterion"],
-            "--cpu",
+            *(["--cpu"] if device == "cpu" else []),
             "--seed",
             "1",
             "--max-tokens",
@@ -305,6 +347,7 @@ def worker(
     gen_len: int = 20,
     baseline: bool = False,
     against: Optional[str] = None,
+    device: str = "cpu",
 ) -> Dict:
     """Train ``arch`` (when ``baseline``: the model of :func:`baseline_profile` of ``arch`` and
     ``against``) ``updates`` steps and decode ``gen_sents`` valid sentences (unless the profile
@@ -312,12 +355,22 @@ def worker(
     Training goes through ``task.train_step``, so tasks that update more than one module per
     step (a discriminator) are timed whole."""
     import torch
+    from fairseq import utils
 
     torch.set_num_threads(1)
     from fairseq.dataclass.configs import GenerationConfig
 
     prof = baseline_profile(arch, against) if baseline else profile(arch)
-    task, model, criterion = build(prof, data, model_args, max_tokens)
+    task, model, criterion = build(prof, data, model_args, max_tokens, device)
+    model.to(device)
+    criterion.to(device)
+    cuda = device == "cuda"
+
+    def clock():  # the timed regions end when the device has finished (CUDA runs asynchronously)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
     class Backward:  # the one optimizer method task.train_step calls
@@ -328,7 +381,7 @@ def worker(
     batches = task.get_batch_iterator(
         task.dataset("train"), max_tokens=max_tokens, seed=1, ignore_invalid_inputs=True
     ).next_epoch_itr(shuffle=True)
-    batches = list(batches)
+    batches = [utils.move_to_cuda(b) if cuda else b for b in batches]
 
     def step(sample, update_num):
         task.train_step(sample, model, criterion, Backward, update_num)
@@ -339,17 +392,19 @@ def worker(
     model.train()
     for i in range(3):  # warm-up, not timed
         step(batches[i % len(batches)], i)
-    words, t0 = 0, time.perf_counter()
+    words, t0 = 0, clock()
     for i in range(updates):
         words += step(batches[(i + 3) % len(batches)], i + 3)
-    train_s = time.perf_counter() - t0
+    train_s = clock() - t0
     result = {
         "arch": prof["arch"],
         "profile": prof.get("name", prof["arch"]),
-        "train_words": words,
+        "train_words": int(words),
         "train_s": train_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if cuda:
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     if not prof.get("generate", True):
         return result
 
@@ -364,18 +419,25 @@ def worker(
             shuffle=False
         )
     )
+    gen_batches = [utils.move_to_cuda(b) if cuda else b for b in gen_batches]
     with torch.no_grad():
         task.inference_step(generator, [model], gen_batches[0])  # warm-up
-        sents, t0 = 0, time.perf_counter()
+        sents, t0 = 0, clock()
         for b in gen_batches:
             if sents >= gen_sents:
                 break
             task.inference_step(generator, [model], b)
             sents += b["nsentences"]
-        gen_s = time.perf_counter() - t0
+        gen_s = clock() - t0
     result.update(gen_sents=sents, gen_s=gen_s)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
+
+
+def worker_core(opts) -> int:
+    """The one core every worker runs on: ``--core``, else the first this process may use."""
+    core = getattr(opts, "core", None)
+    return min(os.sched_getaffinity(0)) if core is None else core
 
 
 def run_worker_process(script: str, baseline: bool, opts) -> Dict:
@@ -412,8 +474,12 @@ def run_worker_process(script: str, baseline: bool, opts) -> Dict:
         cmd += ["--baseline"]
     if getattr(opts, "against", None):
         cmd += ["--against", opts.against]
+    cmd += ["--device", getattr(opts, "device", "cpu")]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    core = worker_core(opts)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, preexec_fn=lambda: os.sched_setaffinity(0, {core})
+    )
     if proc.returncode != 0:
         raise RuntimeError(
             f"benchmark worker ({'baseline of ' if baseline else ''}{opts.arch}) failed:\n{proc.stderr[-4000:]}"
@@ -425,10 +491,17 @@ def compare(script: str, opts) -> Dict:
     """Interleave workers A B B A (x rounds/2) and return the summary dict."""
     own_tmp = None
     if not opts.data:
+        kind = PROFILES[opts.arch].get("data", "triples")
+        if ":" in kind and getattr(opts, "size", None):  # --size: a profile with its own data keeps its own
+            opts.vocab, opts.real = 0, None
         own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
         opts.data, opts.data_args = make_data(
-            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid,
+            PROFILES[opts.arch].get("data", "triples"),
+            own_tmp.name,
+            opts.n_train,
+            opts.n_valid,
             getattr(opts, "vocab", 0),
+            getattr(opts, "real", None),
         )
     runs = {"arch": [], "base": []}
     order = []
@@ -452,15 +525,206 @@ def compare(script: str, opts) -> Dict:
     base = baseline_profile(opts.arch, getattr(opts, "against", None))
     a_wps, a_sps, a_rss = rates(runs["arch"])
     b_wps, b_sps, b_rss = rates(runs["base"])
-    return {
+    train, gen = round_ratios(runs["arch"], runs["base"])
+    out = {
         "arch": opts.arch,
         "baseline": base.get("name", base.get("arch", BASELINE)),
-        "train_wps_ratio": round(a_wps / b_wps, 4),
-        "generate_sents_per_s_ratio": round(a_sps / b_sps, 4) if a_sps and b_sps else None,
+        # the median over rounds of arch / baseline measured in the same round
+        "train_wps_ratio": round(median(train), 4),
+        "generate_sents_per_s_ratio": round(median(gen), 4) if gen else None,
+        "train_wps_ratio_range": [round(min(train), 4), round(max(train), 4)],
+        "generate_sents_per_s_ratio_range": [round(min(gen), 4), round(max(gen), 4)] if gen else None,
         "peak_rss_mb": round(a_rss, 1),
         "baseline_peak_rss_mb": round(b_rss, 1),
         "train_wps": round(a_wps, 1),
         "baseline_train_wps": round(b_wps, 1),
+        "generate_sents_per_s": round(a_sps, 3) if a_sps else None,
+        "baseline_generate_sents_per_s": round(b_sps, 3) if b_sps else None,
         "beam": opts.beam,
         "rounds": opts.rounds,
+        "core": worker_core(opts),
+        "device": getattr(opts, "device", "cpu"),
     }
+    if all("peak_cuda_mb" in r for r in runs["arch"] + runs["base"]):
+        out["peak_cuda_mb"] = round(max(r["peak_cuda_mb"] for r in runs["arch"]), 1)
+        out["baseline_peak_cuda_mb"] = round(max(r["peak_cuda_mb"] for r in runs["base"]), 1)
+    return out
+
+
+def median(xs: List[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def round_ratios(arch_runs: List[Dict], base_runs: List[Dict]) -> Tuple[List[float], List[float]]:
+    """Per round, arch / baseline of training words per second and decoded sentences per second
+    (round r pairs the r-th run of each: they ran next to each other, A B or B A)."""
+    train, gen = [], []
+    for a, b in zip(arch_runs, base_runs):
+        train.append((a["train_words"] / a["train_s"]) / (b["train_words"] / b["train_s"]))
+        if "gen_s" in a and "gen_s" in b:
+            gen.append((a["gen_sents"] / a["gen_s"]) / (b["gen_sents"] / b["gen_s"]))
+    return train, gen
+
+
+# --- sizes users run, the whole table, and how cost grows with length
+
+SIZE_PRESETS: Dict[str, Dict] = {
+    # bart.base's depth with a 512-wide model (768 is bart.base's own width); CommonGen's real lengths
+    "base": {"layers": 6, "embed_dim": 512, "heads": 8, "vocab": 50000, "rounds": 5},
+}
+
+
+def apply_size(opts, parser, repo: str):
+    """``--size``: the preset's sizes and vocabulary where the command line left the defaults, and the real
+    data sets of ``repo/../shared/data`` when ``--data`` is not given and that folder exists."""
+    for key, value in SIZE_PRESETS[opts.size].items():
+        if getattr(opts, key) in (None, parser.get_default(key)):
+            setattr(opts, key, value)
+    shared = os.path.join(repo, "..", "shared", "data")
+    if opts.data is None and is_real_root(shared):
+        opts.data = os.path.abspath(shared)
+
+
+def is_real_root(path: str) -> bool:
+    """A folder of real data sets (``shared/data``'s layout), not a binarized fairseq directory."""
+    return any(os.path.isdir(os.path.join(path, name)) for name in REAL_SETS)
+
+
+# the rows of ``--arch all``: every profile against its baseline, and the copy model against its peer
+def table_rows() -> List[Tuple[str, Optional[str]]]:
+    rows = [(name, None) for name in sorted(PROFILES) if name != BASELINE]
+    return rows + [("copy_transformer", "transformer_pointer_generator")]
+
+
+def print_table(script: str, opts):
+    """One comparison per :func:`table_rows` row, printed as a markdown table (median and range over
+    rounds), then the rows as one JSON line."""
+    import copy
+
+    results = []
+    for arch, against in table_rows():
+        row = copy.copy(opts)
+        row.arch, row.against, row.data_args = arch, against, dict(opts.data_args)
+        kind = PROFILES[arch].get("data", "triples")
+        if ":" in kind:  # a profile with its own data: its own vocabulary and lengths
+            row.vocab, row.real = 0, None
+        try:
+            results.append(compare(script, row))
+        except RuntimeError as err:
+            results.append({"arch": arch, "baseline": against or "-", "error": str(err).splitlines()[0]})
+        print(json.dumps(results[-1]), file=sys.stderr)
+
+    def cell(r, key):
+        if r.get(key) is None:
+            return "-"
+        lo, hi = r[key + "_range"]
+        return f"{r[key]:.2f} ({lo:.2f}-{hi:.2f})"
+
+    print("| arch | baseline | train words/s ratio | decode sents/s ratio | peak RSS MB (baseline) |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['arch']} | {r['baseline']} | failed: {r['error']} | | |")
+            continue
+        rss = f"{r['peak_rss_mb']:.0f} ({r['baseline_peak_rss_mb']:.0f})"
+        print(
+            f"| {r['arch']} | {r['baseline']} | {cell(r, 'train_wps_ratio')} | "
+            f"{cell(r, 'generate_sents_per_s_ratio')} | {rss} |"
+        )
+    print(json.dumps(results))
+
+
+def grown_sample(sample: Dict, length: int, keep: int = 0) -> Dict:
+    """``sample`` with every source ``length`` tokens long, no padding: each row's tokens (without
+    its final EOS) from position ``keep`` on repeated to ``length - 1 - keep`` (the first ``keep``
+    as they are: EKI's concepts and ``<sep>``), then EOS. Every ``B x S`` entry of the sample and its
+    ``net_input`` (EKI's groups, distances and token labels) is gathered at the same positions."""
+    import torch
+
+    net_input = sample["net_input"]
+    src = net_input["src_tokens"]
+    bsz, src_len = src.shape
+    lengths = net_input["src_lengths"]
+    start = src_len - lengths  # left-padded: the first real position
+    n = (lengths - 1 - keep).clamp_min(1)  # tokens that repeat
+    j = torch.arange(length - 1 - keep)
+    rep = start.unsqueeze(1) + keep + j.unsqueeze(0) % n.unsqueeze(1)
+    head = start.unsqueeze(1) + torch.arange(keep).unsqueeze(0)
+    index = torch.cat([head, rep, torch.full((bsz, 1), src_len - 1)], 1)  # B x length
+
+    def gathered(d: Dict) -> Dict:
+        return {
+            k: v.gather(1, index) if torch.is_tensor(v) and v.shape == (bsz, src_len) and k in SOURCE_KEYS else v
+            for k, v in d.items()
+        }
+
+    out = gathered(sample)
+    out["net_input"] = dict(gathered(net_input), src_lengths=torch.full_like(lengths, length))
+    return out
+
+
+# the B x S entries of a sample that follow its source positions
+SOURCE_KEYS = ("src_tokens", "src_group", "src_distance", "src_label")
+
+
+# method -> (profile, lengths, what the length is, tokens of each source kept before the repeated part)
+GROWTH: Dict[str, Tuple[str, List[int], str]] = {
+    "copy": ("copy_transformer_small", [8, 32, 128, 512], "source length"),
+    "eki": ("eki_transformer", [8, 32, 128, 512], "prototype length (after the concepts and <sep>)"),
+}
+
+
+def growth(method: str, opts) -> Dict:
+    """Time of one training step and of decoding (beam ``opts.beam``, ``opts.gen_len`` steps) of the same
+    batch with its sources grown to each length of :data:`GROWTH` (:func:`grown_sample`), median of 3."""
+    import torch
+    from fairseq.dataclass.configs import GenerationConfig
+
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {worker_core(opts)})
+    name, lengths, what = GROWTH[method]
+    prof = profile(name)
+    with tempfile.TemporaryDirectory(prefix="knowgen-growth-") as tmp:
+        data, extra = make_data(prof.get("data", "triples"), tmp, 200, 40, getattr(opts, "vocab", 0))
+        args = size_args(opts.layers, opts.embed_dim, opts.heads) + extra.get("arch", [])
+        task, model, crit = build(prof, data, args, opts.max_tokens)
+        sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_sentences=16, seed=1).next_epoch_itr()))
+    sep = task.source_dictionary.index("<sep>")
+    keep = 0
+    if method == "eki":  # the concepts and <sep> of the shortest source
+        src = sample["net_input"]["src_tokens"]
+        keep = int((src == sep).float().argmax(1).sub(src.size(1) - sample["net_input"]["src_lengths"]).min()) + 1
+    generator = task.build_generator(
+        [model], GenerationConfig(beam=opts.beam, min_len=opts.gen_len, max_len_a=0, max_len_b=opts.gen_len)
+    )
+    rows = []
+    for length in lengths:
+        grown = grown_sample(sample, length + keep + 1, keep)
+        train, decode = [], []
+        for _ in range(3):
+            model.train()
+            t0 = time.perf_counter()
+            loss, _, _ = crit(model, grown)
+            loss.backward()
+            model.zero_grad()
+            train.append(time.perf_counter() - t0)
+            model.eval()
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                task.inference_step(generator, [model], grown)
+                decode.append(time.perf_counter() - t0)
+        rows.append({"length": length, "train_ms": 1e3 * median(train), "decode_ms": 1e3 * median(decode)})
+    return {"method": method, "profile": name, "length": what, "sentences": int(sample["nsentences"]), "rows": rows}
+
+
+def print_growth(res: Dict):
+    print(f"{res['method']} ({res['profile']}, {res['sentences']} sentences): time against {res['length']}")
+    print("| length | train step ms | decode ms | train ms / length | decode ms / length |")
+    print("|---|---|---|---|---|")
+    for r in res["rows"]:
+        n = r["length"]
+        per = f"{r['train_ms'] / n:.2f} | {r['decode_ms'] / n:.2f}"
+        print(f"| {n} | {r['train_ms']:.0f} | {r['decode_ms']:.0f} | {per} |")
+    print(json.dumps(res))

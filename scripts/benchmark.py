@@ -14,7 +14,19 @@ another profiled arch), interleaved, and print one final JSON line of ratios (ar
 flags, see ``fairseq_knowgen.benchmarking``) against BASE, the same model with them off.
 
 Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
-fairseq data directory with ``train`` and ``valid`` splits. One thread per process.
+fairseq data directory with ``train`` and ``valid`` splits, or a folder of real data sets in
+``shared/data``'s layout (``commongen/``, ``webnlg/``): then the pairs of ``--real-set``'s dev
+split, cycled to ``--n-train`` / ``--n-valid``, with its real lengths. One thread per process;
+every worker runs pinned to one core (``--core``, default the first this process may use), the
+two models alternating A B B A ...; the ratios are medians over rounds of the two runs of a
+round, printed with their range.
+
+At the sizes users run (``docs/benchmarks.md``)::
+
+    python scripts/benchmark.py --size base --arch eki_transformer            # 6+6 x 512, 50k types, CommonGen
+    python scripts/benchmark.py --size base --arch copy_transformer --against transformer_pointer_generator
+    python scripts/benchmark.py --size base --arch all --device cuda          # every profile, one table
+    python scripts/benchmark.py --growth copy                                 # time per step against length
 """
 
 import argparse
@@ -34,9 +46,29 @@ def get_parser():
     composed = "; ".join(benchmarking.describe(name) for name in benchmarking.COMPOSED)
     p.add_argument(
         "--arch",
-        required=True,
-        choices=sorted(benchmarking.PROFILES),
-        help=f"profile to measure (its own baseline unless --against); composed configurations: {composed}",
+        choices=sorted(benchmarking.PROFILES) + ["all"],
+        help=f"profile to measure (its own baseline unless --against; 'all': every profile, one table row each); "
+        f"composed configurations: {composed}",
+    )
+    p.add_argument(
+        "--size",
+        choices=sorted(benchmarking.SIZE_PRESETS),
+        help="preset sizes: base = 6+6 layers, 512 wide, 8 heads, ffn 2048, a 50,000-type vocabulary, real-length "
+        "inputs (--data's real sets, default ../shared/data when it exists) and --rounds 5",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the workers train and decode")
+    p.add_argument("--core", type=int, help="the core every worker is pinned to (default: the first allowed)")
+    p.add_argument(
+        "--real-set",
+        choices=benchmarking.REAL_SETS,
+        default="commongen",
+        help="with --data naming a folder of real data sets: whose lengths the inputs have",
+    )
+    p.add_argument(
+        "--growth",
+        choices=sorted(benchmarking.GROWTH),
+        help="time per training step and per decoded sentence against the length that grows with METHOD "
+        "(see docs/benchmarks.md) instead of a comparison",
     )
     p.add_argument(
         "--against",
@@ -74,11 +106,25 @@ def get_parser():
 
 
 def main():
-    opts = get_parser().parse_args()
+    parser = get_parser()
+    opts = parser.parse_args()
+    if opts.arch is None and opts.growth is None:
+        parser.error("one of --arch or --growth is needed")
+    if opts.size:
+        benchmarking.apply_size(opts, parser, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     if opts.quick:
         opts.updates, opts.gen_sents, opts.n_train, opts.n_valid = 20, 256, 600, 256
     opts.rounds = opts.rounds or (2 if opts.quick else 4)
     opts.data_args = json.loads(opts.data_args)
+    opts.real = None
+    if opts.data and benchmarking.is_real_root(opts.data):
+        opts.real, opts.data = (os.path.abspath(opts.data), opts.real_set), None
+    if opts.growth:
+        benchmarking.print_growth(benchmarking.growth(opts.growth, opts))
+        return
+    if opts.arch == "all":
+        benchmarking.print_table(os.path.abspath(__file__), opts)
+        return
     if opts.worker:
         prof = (
             benchmarking.baseline_profile(opts.arch, opts.against) if opts.baseline else benchmarking.profile(opts.arch)
@@ -98,6 +144,7 @@ def main():
             opts.gen_len,
             opts.baseline,
             opts.against,
+            opts.device,
         )
         print(json.dumps(res))
         return

@@ -81,7 +81,7 @@ def sorted_dataset(d, path, wrap_eki=False):
     for w in words:
         d.add_symbol(w)
     lengths = [2, 5, 3, 4]
-    srcs = [torch.tensor([d.index("x")] * (n - 1) + [d.eos()]) for n in lengths]
+    srcs = [torch.tensor([d.index("<sep>")] + [d.index("x")] * (n - 2) + [d.eos()]) for n in lengths]
     ds = LanguagePairDataset(srcs, lengths, d, srcs, lengths, d, left_pad_source=True)
     lines = [w + (f"\t{w} {w}" if i % 2 else "") for i, w in enumerate(words)]
     attach_constraints(ds, write(path, lines), d)

@@ -98,6 +98,18 @@ def test_token_loss_hand_computed():
     assert correct.item() == 2 and n.item() == 2
 
 
+def test_token_loss_is_the_bce_formula_on_a_grid():
+    """L_E = -sum [y log p + (1 - y) log(1 - p)] over labelled tokens, computed here with math,
+    at the clamp's edges too (p = 0 and 1 are clamped to 1e-6 and 1 - 1e-6)."""
+    ps = [0.0, 1e-7, 0.05, 0.3, 0.5, 0.77, 0.999, 1.0]
+    ys = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    loss, correct, n = token_classification_loss(torch.tensor([ps]), torch.tensor([ys]))
+    clamped = [min(max(p, 1e-6), 1 - 1e-6) for p in ps]
+    want = -sum(y * math.log(p) + (1 - y) * math.log(1 - p) for p, y in zip(clamped, ys))
+    assert loss.item() == pytest.approx(want, rel=1e-3)  # float32: 1 - (1 - 1e-6) is 1.01e-6
+    assert n.item() == 8 and correct.item() == sum((p > 0.5) == (y == 1) for p, y in zip(clamped, ys))
+
+
 class UniformLMWithLambda(torch.nn.Module):
     """A stand-in model: uniform next-token distribution, a fixed Mean(Lambda) per source token."""
 

@@ -77,11 +77,17 @@ def l_e_labels(src_label: Tensor, src_group: Tensor, concept_label: str = "targe
 
 
 def token_classification_loss(lambda_mean, labels):
-    """Summed BCE of Mean(Lambda) against labels (-1 = left out); and #correct, #tokens."""
+    """Summed BCE of Mean(Lambda) against labels (-1 = left out); and #correct, #tokens.
+
+    Eq. 6 written out, -[y log p + (1 - y) log(1 - p)], in float32 with p clamped to
+    [1e-6, 1 - 1e-6]. Not ``F.binary_cross_entropy``, which CUDA autocast refuses ("unsafe to
+    autocast", and fairseq runs criterions inside autocast with ``--amp``); nor the logits form,
+    since Mean(Lambda) is a mean of sigmoids, not the sigmoid of one logit."""
     mask = labels.ge(0)
-    p = lambda_mean.float().clamp(1e-6, 1 - 1e-6)
-    loss = F.binary_cross_entropy(p[mask], labels[mask].float(), reduction="sum")
-    correct = ((p[mask] > 0.5).float() == labels[mask].float()).sum()
+    p = lambda_mean.float().clamp(1e-6, 1 - 1e-6)[mask]
+    y = labels[mask].float()
+    loss = -(y * p.log() + (1 - y) * torch.log1p(-p)).sum()
+    correct = ((p > 0.5).float() == y).sum()
     return loss, correct, mask.sum()
 
 

@@ -30,6 +30,7 @@ from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from ..convert.extend_dictionary import upgrade_pretrained_bart
 from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import (
     CONCAVE_CHOICES,
@@ -163,6 +164,12 @@ class DimAttnBARTModel(DimAttnMixin, BARTModel):
     def add_args(parser):
         BARTModel.add_args(parser)
         add_dimattn_args(parser)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """BART's upgrade, then the checkpoint's embeddings grown to the task dictionary; a
+        pretrained tensor the upgrade would drop is refused
+        (:func:`~fairseq_knowgen.convert.extend_dictionary.upgrade_pretrained_bart`)."""
+        upgrade_pretrained_bart(self, state_dict, name, super().upgrade_state_dict_named)
 
 
 @register_model_architecture("transformer_dimattn", "transformer_dimattn")

@@ -48,7 +48,11 @@ exactly (zero group and distance embeddings, the scaling module at 2 Lambda = 1 
         --reset-lr-scheduler --criterion eki_label_smoothed_cross_entropy --eki-lambda 1.0 ...
 
 ``--restore-file`` loads the BART weights non-strictly for the new parameters only: they are
-absent from the checkpoint and keep their initialization (see ``load_state_dict``).
+absent from the checkpoint and keep their initialization (see ``load_state_dict``). A task
+dictionary larger than the checkpoint's embedding (``<sep>`` added to bart's ``dict.txt`` by
+``python -m fairseq_knowgen.convert.extend_dictionary``) grows it: new rows start at the mean
+of BART's, BART's stay as they are (``docs/pretrained_bart.md``). Any other tensor the
+checkpoint lacks, or has beyond the model, is an error naming it.
 """
 
 import argparse
@@ -67,6 +71,7 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
+from ..convert.extend_dictionary import upgrade_pretrained_bart
 from ..data.eki_dataset import SEPARATOR
 from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import DiminishingMultiheadAttention
@@ -482,6 +487,13 @@ class EKIBARTModel(EKIMixin, BARTModel):
         alignment_heads=None,
     ):
         return EKIMixin.forward(self, src_tokens, src_lengths, prev_output_tokens, src_group, src_distance)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """BART's upgrade, then the checkpoint's embeddings grown to the task dictionary
+        (``<sep>`` and any other new symbol get new rows, the mean of the pretrained ones);
+        a pretrained tensor the upgrade would drop is refused
+        (:func:`~fairseq_knowgen.convert.extend_dictionary.upgrade_pretrained_bart`)."""
+        upgrade_pretrained_bart(self, state_dict, name, super().upgrade_state_dict_named)
 
 
 @register_model_architecture("eki_transformer", "eki_transformer")

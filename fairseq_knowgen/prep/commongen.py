@@ -16,12 +16,18 @@ Output (``--out``), all lower-cased and Moses-tokenized:
 - ``eval_splits``: the evaluation splits written.
 
     python -m fairseq_knowgen.prep.commongen --data ../shared/data/commongen --out OUT
+
+GPT-2 BPE for BART (``examples/commongen/run.sh`` with ``PRETRAINED=DIR``), ``<sep>`` kept whole::
+
+    python -m fairseq_knowgen.prep.commongen gpt2-bpe --encoder-json DIR/encoder.json \
+        --vocab-bpe DIR/vocab.bpe --in-dir OUT/raw --out-dir OUT/bpe train.src train.eki.src ...
 """
 
 import argparse
 import os
 from typing import List, Optional, Tuple
 
+from ..data.eki_dataset import encode_source
 from ..text import moses_tokenize
 from ..textio import cli_entry, read_lines, read_parallel
 from .common import ensure_dir, write_jsonl, write_lines
@@ -83,7 +89,34 @@ def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str
     print(f"{split}: {len(groups)} concept sets{refs}")
 
 
+def gpt2_bpe(encoder_json: str, vocab_bpe: str, in_dir: str, out_dir: str, names: List[str]) -> None:
+    """``in_dir/NAME`` -> ``out_dir/NAME`` through fairseq's GPT-2 BPE (``--bpe gpt2``: GPT-2 ids,
+    BART's dictionaries), each side of ``<sep>`` encoded apart with ``<sep>`` kept whole between
+    them (:func:`~fairseq_knowgen.data.eki_dataset.encode_source`)."""
+    from fairseq.data.encoders.gpt2_bpe import GPT2BPE, GPT2BPEConfig
+
+    bpe = GPT2BPE(GPT2BPEConfig(gpt2_encoder_json=encoder_json, gpt2_vocab_bpe=vocab_bpe))
+    ensure_dir(out_dir)
+    for name in names:
+        lines = read_lines(os.path.join(in_dir, name), "text to encode")
+        write_lines(os.path.join(out_dir, name), (encode_source(line, bpe.encode) for line in lines))
+
+
 def main(argv=None):
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpt2-bpe"]:
+        p = argparse.ArgumentParser(
+            prog="python -m fairseq_knowgen.prep.commongen gpt2-bpe", description=gpt2_bpe.__doc__
+        )
+        p.add_argument("--encoder-json", required=True, help="GPT-2's encoder.json")
+        p.add_argument("--vocab-bpe", required=True, help="GPT-2's vocab.bpe")
+        p.add_argument("--in-dir", required=True)
+        p.add_argument("--out-dir", required=True)
+        p.add_argument("names", nargs="+", help="file names in IN_DIR (train.src, valid.eki.src...)")
+        a = p.parse_args(argv[1:])
+        return gpt2_bpe(a.encoder_json, a.vocab_bpe, a.in_dir, a.out_dir, a.names)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder with the raw CommonGen files")
     p.add_argument("--out", required=True)

@@ -4,7 +4,11 @@ fairseq's ``translation`` task plus the source annotations of
 :class:`~fairseq_knowgen.data.eki_dataset.SourceAnnotator` (group ids, position-indicator
 distances, L_E labels), which reach the model as ``src_group`` / ``src_distance`` in
 ``net_input`` and the criterion as ``src_label``. Binarize with ``fairseq-preprocess`` as
-for translation; keep ``<sep>`` out of BPE (``subword-nmt apply-bpe --glossaries '<sep>'``).
+for translation; keep ``<sep>`` out of BPE (``subword-nmt apply-bpe --glossaries '<sep>'``, or
+with GPT-2 BPE each side encoded apart and ``<sep>`` put between them:
+``python -m fairseq_knowgen.prep.commongen gpt2-bpe``). With GPT-2 BPE (BART's dictionaries)
+give ``--eki-gpt2-encoder-json encoder.json``: the annotations then read words from the GPT-2
+ids (:class:`~fairseq_knowgen.data.eki_dataset.PieceWords`).
 It extends ``translation_constrained``: ``--constraints-from SUFFIX`` with ``fairseq-generate
 --constraints unordered`` forces e.g. every concept into the output (the constraints sit in the
 wrapped ``LanguagePairDataset``, whose collater :class:`EKIDataset` calls).
@@ -40,7 +44,7 @@ from typing import List, Optional
 
 from fairseq.tasks import register_task
 
-from ..data.eki_dataset import SEPARATOR, EKIDataset, SourceAnnotator
+from ..data.eki_dataset import SEPARATOR, EKIDataset, SourceAnnotator, encode_source
 from ..textio import DataError, read_lines, read_parallel
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
@@ -52,6 +56,13 @@ class EKIGenerationConfig(TranslationConstrainedConfig):
         metadata={
             "help": "fairseq-interactive: retrieve the prototype of an input line that holds only concepts (no "
             "'<sep>') from this corpus, one sentence a line, as scripts/retrieve_prototypes.py --corpus does"
+        },
+    )
+    eki_gpt2_encoder_json: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "GPT-2's encoder.json when the data is GPT-2 BPE (a BART dictionary, whose symbols are GPT-2 ids): "
+            "concepts, prototype words and L_E labels are then matched on the words decoded from the ids"
         },
     )
     eki_prototype_corpus_keys: Optional[str] = field(
@@ -75,16 +86,32 @@ class EKIGenerationTask(TranslationConstrainedTask):
     @property
     def annotator(self) -> SourceAnnotator:
         if self._annotator is None:
-            self._annotator = SourceAnnotator(self.src_dict, path=str(self.cfg.data))
+            self._annotator = SourceAnnotator(self.src_dict, str(self.cfg.data), self.cfg.eki_gpt2_encoder_json)
         return self._annotator
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch, combine, **kwargs)
-        self.datasets[split] = EKIDataset(self.datasets[split], self.src_dict, path=f"{self.cfg.data}:{split}")
+        ds = EKIDataset(self.datasets[split], self.src_dict, f"{self.cfg.data}:{split}", self.cfg.eki_gpt2_encoder_json)
+        try:
+            ds.check_sources()
+        except DataError as e:  # before any training: error: DATA:SPLIT:LINE: ..., exit status 2
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        self.datasets[split] = ds
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        return EKIDataset(base, self.src_dict, path="<inference>")
+        return EKIDataset(base, self.src_dict, "<inference>", self.cfg.eki_gpt2_encoder_json)
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """The parent's generator, with ``<sep>`` stripped from the output strings as EOS is: it
+        is in no target, and GPT-2's decoder (``--bpe gpt2``) cannot read it."""
+        generator = super().build_generator(
+            models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
+        )
+        strip = getattr(generator, "symbols_to_strip_from_output", None) or {self.tgt_dict.eos()}
+        generator.symbols_to_strip_from_output = set(strip) | {self.tgt_dict.index(SEPARATOR)}
+        return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """Adds ``src_group`` / ``src_distance`` to a batch that lacks them
@@ -153,14 +180,3 @@ class EKIGenerationTask(TranslationConstrainedTask):
             self._retriever = PrototypeRetriever(corpus, keys)
         return self._retriever
 
-
-def encode_source(line: str, encode_fn) -> str:
-    """``encode_fn`` (fairseq-interactive's tokenizer + BPE) on each side of ``<sep>``, which
-    stays one token."""
-    parts: List[List[str]] = [[]]
-    for word in line.split():
-        if word == SEPARATOR:
-            parts.append([])
-        else:
-            parts[-1].append(word)
-    return f" {SEPARATOR} ".join(encode_fn(" ".join(part)) for part in parts)

@@ -44,8 +44,10 @@ echo "[setup] creating/updating $VENV" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade "pip>=23" wheel "setuptools<81"
-# torch first and pinned: every later step sees it installed and installs no other
-$PIP install -q "torch==2.13.0" "numpy<2.3" cython
+# torch first and pinned: every later step sees it installed and installs no other. NumPy is
+# requirements.txt's (< 2: fairseq 0.12 still reads np.compat.long); fairseq's extensions compile against it
+NUMPY=$(sed -n 's/^\(numpy[^ #]*\).*/\1/p' requirements.txt)
+$PIP install -q "torch==2.13.0" "$NUMPY" cython
 $PIP install -q -r requirements.txt "torch==2.13.0"
 have=$("$VENV/bin/python" -c "import fairseq; print(fairseq.__version__)" 2>/dev/null || true)
 if [ "$have" != "$FAIRSEQ_VERSION" ]; then

@@ -53,7 +53,8 @@ For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_
 - **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', c = q), q^2 = f(p, q^1), q^2
   trained towards q), from ``--cocon-cycle-start`` updates on (default 2,000, the authors'): with
   one split t_c for the batch (so prefixes need no padding; drawn on the host from the shapes
-  alone: P + d for ``fixed``, uniform over the padded width for ``uniform``), x = [p; q] and x' =
+  alone: P + d for ``fixed``, shortened to leave ``--cocon-min-content`` tokens in the batch's
+  padded width, uniform over that width for ``uniform``), x = [p; q] and x' =
   [p'; q'] (x' = the previous sentence of the batch, cyclically: row b takes p' from row b - 1; on
   the batch's first ``--cocon-cycle-sentences`` sentences only, as its cost grows with sentences x
   vocabulary; rows too short for t_c, or whose p' is, take no part), q^1 = f(p', c = q) is
@@ -451,7 +452,8 @@ class CoConCriterion(FairseqCriterion):
         n_words = target.ne(self.padding_idx).sum(1) - 1
         B, T = target.shape
         tc, width = self.cycle_split(T)
-        tc = min(tc, T - 1)
+        # a batch of short sentences (fairseq groups sentences by length) keeps a content: t_c shrinks to the width
+        tc = max(min(tc, T - 1 - min(self.min_content, width)), 0)
         perm = torch.roll(torch.arange(B, device=target.device), 1)
         q_len = torch.minimum(n_words - tc, torch.full_like(n_words, width)).clamp(min=0)
         valid = (n_words >= tc + min(self.min_content, width)) & (n_words[perm] >= tc)

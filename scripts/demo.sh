@@ -16,16 +16,14 @@
 #
 # Why these two: the plain transformer reads an unseen name as <unk> and cannot write it; the copy model
 # over placeholders sees a new name exactly as it saw training names (<unk-N> at the name's position) and
-# copies it. Why <unk-N> and not whole-entity placeholders <ent-K>: the README's WebNLG tables find <ent-K>
-# best for unseen entities there (held-out BLEU 6.79 -> 29.99 for the transformer, 33.58 for the force-copy
-# model with entity constraints; word-level copy force 3.55), where entities are long, varied and often
-# rephrased. Here names are one or two words, and the renderings name a person a second time by the first
-# name alone ("Esme resides in Tromso"), a mention the whole-entity matcher does not find: with <ent-K> that
-# first name would stay a vocabulary word that no model can write for an unseen person; with <unk-N> it is
-# source word 1. Every name word is a placeholder in train as in test, which is where copying is learned.
-# No --at-most-once (the first name is copied twice on purpose) and no entity constraints (recall is ~98%
-# without them). Measured (seed 1, 500 updates, the 200 test inputs): plain 38.16 BLEU-4, 15.03% entity
-# recall (occupations only: it never writes an unseen name); copy 77.07 BLEU-4, 98.43% entity recall.
+# copies it. Why <unk-N> and not whole-entity placeholders <ent-K> (which work best for WebNLG's unseen
+# entities, docs/results/webnlg.md): here names are one or two words, and the renderings name a person a second
+# time by the first name alone ("Esme resides in Tromso"), a mention the whole-entity matcher does not find: with
+# <ent-K> that first name would stay a vocabulary word that no model can write for an unseen person; with <unk-N>
+# it is source word 1. Every name word is a placeholder in train as in test, which is where copying is learned.
+# No --at-most-once (the first name is copied twice on purpose) and no entity constraints. The printed table and
+# its measured values: README.md, "The demo". Every step is deterministic (fixed seeds, one thread per training,
+# dictionaries written in a fixed order), so two runs on one machine print the same table.
 #
 #   bash scripts/demo.sh [OUT_DIR]          (default: demo_out/)
 # Environment: ARCH (the plain system, default transformer), MAX_UPDATE (default 500), SAMPLES (default 6),

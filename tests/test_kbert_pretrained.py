@@ -231,7 +231,7 @@ def test_finetuned_checkpoint_loads_without_the_pretrained_file(converted, tmp_p
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k]), k
     proc = run_cli(
-        "-m", "fairseq_knowgen.evaluation.kbert_score", "--data", data, "--split", "valid", "--path", ckpt,
+        "scripts/kbert_score.py", "--data", data, "--split", "valid", "--path", ckpt,
         "--pred", tmp_path / "valid.pred",
     )  # fmt: skip
     assert "accuracy" in proc.stdout and len((tmp_path / "valid.pred").read_text().splitlines()) == 10

@@ -137,7 +137,7 @@ fi
 if stage 4; then
   for split in $(cat "$OUT/data/eval_splits"); do
     echo "== stage 4: predict + score $split -> $RUN/$split.scores.json"
-    $PY -m fairseq_knowgen.evaluation.kbert_score --data "$OUT/data" --split "$split" --name "$NAME" \
+    $PY "$ROOT/scripts/kbert_score.py" --data "$OUT/data" --split "$split" --name "$NAME" \
       --path "$RUN/checkpoints/checkpoint_best.pt" --pred "$RUN/$split.pred" --json-out "$RUN/$split.scores.json" \
       2> "$RUN/$split.score.log" || { echo "scoring failed: see $RUN/$split.score.log"; exit 1; }
   done
@@ -156,7 +156,7 @@ elif stage 5; then
     mkdir -p "$OUT/floors/$floor"
     $PY -m fairseq_knowgen.evaluation.kbert_floors $floor --data "$OUT/data" --split "$split" "${extra[@]}" \
       --pred "$OUT/floors/$floor/$split.pred"
-    $PY -m fairseq_knowgen.evaluation.kbert_score --data "$OUT/data" --split "$split" $TAGGING --name "$floor" \
+    $PY "$ROOT/scripts/kbert_score.py" --data "$OUT/data" --split "$split" $TAGGING --name "$floor" \
       --pred "$OUT/floors/$floor/$split.pred" --json-out "$OUT/floors/$floor/$split.scores.json"
   done
 fi

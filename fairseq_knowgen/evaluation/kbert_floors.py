@@ -11,7 +11,7 @@
   治疗=Cure 检查=Examine; printed); a subject with no mapped category is not tagged; the first
   mapped category in file order wins.
 
-The predictions are written in the format :mod:`.kbert_score` reads (score them with it).
+The predictions are written in the format ``scripts/kbert_score.py`` reads (score them with it).
 """
 
 import argparse

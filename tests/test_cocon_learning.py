@@ -47,9 +47,10 @@ def batches(task, split, size):
     return list(itr)
 
 
-def self_null_gap(random_words, content_kv, steps=400, *extra):
-    """Train the block (defaults but ``content_kv``, ``extra`` model flags and no content mask; L_self and
-    L_null only) and return (L_self, L_null) per token in nats on the validation split."""
+def self_null_gap(random_words, content_kv, steps=400, *extra, split="fixed", jitter=2):
+    """Train the block (defaults but ``content_kv``, ``extra`` model flags, the split and no content mask;
+    L_self and L_null only) and return (L_self, L_null) per token in nats on the validation split
+    (``scripts/cocon_toy_probe.py`` prints it for several configurations)."""
     data, lm = random_words
     torch.manual_seed(1)
     task, model, _ = build_task_and_model(
@@ -58,7 +59,7 @@ def self_null_gap(random_words, content_kv, steps=400, *extra):
         task="cocon_generation",
     )  # fmt: skip
     task.load_dataset("train")
-    crit = CoConCriterion(task, cocon_self_mask="none", cocon_adv_weight=0.0)
+    crit = CoConCriterion(task, cocon_self_mask="none", cocon_adv_weight=0.0, cocon_split=split, cocon_len_jitter=jitter)
     train = batches(task, "train", 16)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     model.train()

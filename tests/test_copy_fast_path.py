@@ -59,6 +59,18 @@ def record_logits(model):
     return seen
 
 
+def assert_close_grads(got, expected):
+    """Every parameter's gradient, float32 against float64 sums over the whole vocabulary: absolute noise
+    ~1e-6 of the largest gradient of the model (one that is 0 in exact arithmetic, as the keys' biases
+    under a softmax, is that noise)."""
+    assert got.keys() == expected.keys() and len(got) > 0
+    atol = 1e-5 * max(g.abs().max().item() for g in expected.values())
+    for n in got:
+        torch.testing.assert_close(
+            got[n].double(), expected[n].double(), rtol=1e-4, atol=atol, msg=lambda m: f"{n}: {m}"
+        )
+
+
 def assert_equal_lprobs(got, expected):
     finite = torch.isfinite(expected)
     assert torch.equal(torch.isfinite(got), finite)
@@ -150,9 +162,7 @@ def test_training_loss_and_gradients_equal_the_dense_mixture(word_level_bin, mod
     nll.backward()
     expected = grads()
     if mode == "none":  # the loss is the mixture's NLL
-        assert got.keys() == expected.keys() and len(got) > 0
-        for n in got:
-            torch.testing.assert_close(got[n].double(), expected[n].double(), rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+        assert_close_grads(got, expected)
 
     weights = torch.rand(*target.shape, len(task.tgt_dict), generator=torch.Generator().manual_seed(0))
     results = []
@@ -165,8 +175,7 @@ def test_training_loss_and_gradients_equal_the_dense_mixture(word_level_bin, mod
     (fast_lp, f1, g1), (ref_lp, f2, g2) = results
     assert torch.equal(f1, f2) and not f1.all()  # placeholders absent from a source: -inf
     torch.testing.assert_close(fast_lp[f1], ref_lp[f1], atol=2e-5, rtol=1e-5)
-    for n in g1:
-        torch.testing.assert_close(g1[n].double(), g2[n].double(), rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+    assert_close_grads(g1, g2)
 
 
 OWN = ("copy_generator.py", "copy_transformer.py", "force_copy.py", "cross_attention.py", "diminishing_attention.py")

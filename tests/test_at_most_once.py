@@ -45,3 +45,15 @@ def test_token_ids_match_whole_symbols():
         symbols = ["<s>", "<pad>", "</s>", "<unk>", "<ent-0>", "<ent-12>", "x<ent-1>", "<ent-1>y"]
 
     assert token_ids_matching(D(), r"<ent-\d+>").tolist() == [4, 5]
+
+
+def test_a_step_runs_on_the_device_without_copies_or_syncs():
+    """A search step on the ``meta`` device (tensors without values: any read to the host raises):
+    the rule computes on the device, and its CPU-built list moves there once, not every step."""
+    block = AtMostOnceBlock(torch.tensor([4, 5]))
+    tokens = torch.zeros(6, 9, dtype=torch.long, device="meta")
+    lprobs = torch.zeros(6, 20, device="meta")
+    for step in (1, 2, 3):
+        out = block(tokens, lprobs, bsz=2, beam_size=3, step=step)
+        assert out.device.type == "meta" and out.shape == (6, 20)
+        assert block.token_ids.device.type == "meta"  # the buffer itself moved: no copy per step

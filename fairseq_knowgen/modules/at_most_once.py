@@ -44,8 +44,10 @@ class AtMostOnceBlock(nn.Module):
             lprobs = self.inner(tokens, lprobs, bsz, beam_size, step)
         if step == 0 or self.token_ids.numel() == 0:
             return lprobs
-        ids = self.token_ids.to(lprobs.device)
-        generated = tokens[:, 1:][:, :step]  # (bsz*beam) x step
-        seen = (generated.unsqueeze(-1) == ids).any(dim=1)  # (bsz*beam) x K
-        lprobs[:, ids] = lprobs[:, ids].masked_fill(seen, float("-inf"))
-        return lprobs
+        if self.token_ids.device != lprobs.device:  # once: fairseq moves the models, not the generator
+            self.token_ids = self.token_ids.to(lprobs.device)
+        generated = tokens[:, 1 : step + 1]  # (bsz*beam) x step
+        seen = (generated.unsqueeze(-1) == self.token_ids).any(dim=1)  # (bsz*beam) x K
+        ids = self.token_ids.expand(lprobs.size(0), -1)  # (bsz*beam) x K
+        # gather/scatter on the device: no host sync in the search step
+        return lprobs.scatter_(1, ids, lprobs.gather(1, ids).masked_fill(seen, float("-inf")))

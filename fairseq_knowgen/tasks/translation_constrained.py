@@ -142,4 +142,7 @@ class TranslationConstrainedTask(TranslationTask):
                     file=sys.stderr,
                 )
                 sys.exit(2)
-        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        if isinstance(getattr(generator, "search", None), LengthSafeConstrainedBeamSearch):
+            generator.search.log_unmet_at_limit()  # after the batch: reading its count is a host sync
+        return hypos

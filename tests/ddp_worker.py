@@ -12,6 +12,11 @@ Faults for the tests of a failing rank, set through the environment:
 - ``DDP_WORKER_HANG_AFTER_UPDATE=N``: after update N the process stops itself (SIGSTOP): a stuck
   rank whose sockets stay open and whose own heartbeat thread stops too.
 
+With fairseq's default ``--ddp-backend c10d`` (torch's DistributedDataParallel) on CPU, the worker
+drops the ``device_ids=[device_id]`` that fairseq's wrapper always passes and torch refuses for a CPU
+module (:class:`CpuDistributedDataParallel`); everything else is torch's DDP as fairseq sets it up,
+``find_unused_parameters`` included (off by default).
+
 ``DDP_WORKER_PG_TIMEOUT=S`` creates the process groups (the default one and fairseq's global
 group) with a timeout of S seconds (torch's default is 30 minutes; fairseq passes none): a
 collective that waits longer raises an error.
@@ -46,6 +51,15 @@ def init_process_group(*args, **kwargs):
 def new_group(*args, **kwargs):
     # fairseq's collectives run on a group of its own (distributed_utils.get_global_group)
     return _new_group(*args, timeout=timedelta(seconds=PG_TIMEOUT), **kwargs)
+
+
+class CpuDistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
+    """torch's DDP without ``device_ids``/``output_device`` for a CPU module (torch takes None there)."""
+
+    def __init__(self, module, device_ids=None, output_device=None, **kwargs):
+        if all(p.device.type == "cpu" for p in module.parameters()):
+            device_ids = output_device = None
+        super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
 
 
 def init(self, *args, **kwargs):
@@ -83,6 +97,9 @@ if __name__ == "__main__":
     from fairseq_cli import train
 
     out_path = sys.argv.pop(1)
+    from fairseq.models import distributed_fairseq_model
+
+    distributed_fairseq_model.DistributedDataParallel = CpuDistributedDataParallel
     if "--data-buffer-size" not in sys.argv:  # no prefetch thread to abort a short run at exit (conftest.py)
         from conftest import NO_PREFETCH_THREAD
 
@@ -100,6 +117,8 @@ if __name__ == "__main__":
             "params": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
             "losses": captured["losses"],
             "num_updates": t.get_num_updates(),
+            # the data-parallel wrapper fairseq put around the model (inside its ModuleProxyWrapper)
+            "wrapper": type(getattr(t.model, "module", t.model)).__name__,
         },
         out_path,
     )

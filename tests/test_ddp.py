@@ -44,11 +44,14 @@ class TwoRanks:
     """Ranks 0 and 1 of a 2-process gloo job, each ``tests/ddp_worker.py`` in a new session.
 
     ``env`` holds extra environment variables for each rank (see ddp_worker.py for the faults it
-    can simulate). Logs go to files (a full pipe could block a rank that nobody reads); leaving
+    can simulate). ``ddp_backend``: fairseq's ``--ddp-backend``; None leaves fairseq's default,
+    torch's DistributedDataParallel (``c10d`` / ``pytorch_ddp``). Logs go to files (a full pipe could block a rank that nobody reads); leaving
     the ``with`` block kills both process groups, whatever happened inside it."""
 
-    def __init__(self, tmp_path, args, env=({}, {})):
+    def __init__(self, tmp_path, args, env=({}, {}), ddp_backend="legacy_ddp"):
         port = free_port()
+        # None: fairseq's default (c10d)
+        backend = [] if ddp_backend is None else ["--ddp-backend", ddp_backend]
         self.tmp_path = tmp_path
         self.procs, self.ended = [], {}
         try:
@@ -69,8 +72,7 @@ class TwoRanks:
                     "0",
                     "--distributed-backend",
                     "gloo",
-                    "--ddp-backend",
-                    "legacy_ddp",
+                    *backend,
                 ]
                 with open(tmp_path / f"rank{rank}.log", "w") as log:
                     self.procs.append(

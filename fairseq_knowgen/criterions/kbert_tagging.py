@@ -92,7 +92,10 @@ class KBertTaggingCriterion(FairseqCriterion):
                 metrics.log_scalar_sum(key, sum(log.get(key, 0) for log in logging_outputs))
             metrics.log_derived(
                 "f1",
-                lambda m: round(200.0 * m["entity_tp"].sum / max(m["entity_pred"].sum + m["entity_gold"].sum, 1), 2),
+                # float(): after a multi-rank all-reduce the sums are tensors, which round() refuses
+                lambda m: round(
+                    float(200.0 * m["entity_tp"].sum / max(m["entity_pred"].sum + m["entity_gold"].sum, 1)), 2
+                ),
             )
 
     @staticmethod

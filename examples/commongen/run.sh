@@ -38,8 +38,29 @@
 #       KEEP_EPOCHS=0   K > 0: keep the last K epoch checkpoints (for CHECKPOINT=avgN)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
+#       PRETRAINED=DIR  fine-tune a released BART instead of training from scratch. DIR holds fairseq's bart.base or
+#                  bart.large (model.pt, dict.txt) with GPT-2's encoder.json and vocab.bpe beside them
+#                  (docs/pretrained_bart.md). Stage 3 encodes with fairseq's GPT-2 BPE (each side of <sep> apart, <sep>
+#                  kept whole: python -m fairseq_knowgen.prep.commongen gpt2-bpe); stage 4 binarizes with bart's
+#                  dictionary, grown with <sep> for the EKI inputs (python -m fairseq_knowgen.convert.extend_dictionary:
+#                  bart's rows and <mask> kept, <sep> a new row, the mean of bart's); stage 5 fine-tunes ARCH=eki_bart_large (default;
+#                  or eki_bart_base: EKI-BART on INPUT=eki with eki_generation and eki_label_smoothed_cross_entropy) or
+#                  ARCH=bart_dimattn_large/base (BART+DimAttn on INPUT=concepts) with the settings of fairseq's BART
+#                  fine-tuning example (examples/bart/README.summarization.md):
+#                    --finetune-from-model DIR/model.pt (= --restore-file with --reset-optimizer --reset-dataloader
+#                    --reset-meters --reset-lr-scheduler on the first launch; a rerun resumes checkpoint_last.pt)
+#                    --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed
+#                    --label-smoothing 0.1 --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.01
+#                    --optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-08 --clip-norm 0.1
+#                    --lr-scheduler polynomial_decay --lr 3e-05 --warmup-updates 500 --total-num-update MAX_UPDATE
+#                    --max-tokens 2048 --update-freq 4 (fairseq's example: 8 GPUs; on 1 GPU UPDATE_FREQ=32 keeps
+#                    its batch) --fp16 (on CUDA) --skip-invalid-size-inputs-valid-test --find-unused-parameters
+#                  Defaults then: LR=3e-05 WARMUP=500 DROPOUT=0.1 MAX_TOKENS=2048 UPDATE_FREQ=4 MAX_UPDATE=20000
+#                  MINUTES=0 (no time limit); stage 6 decodes with --bpe gpt2. CONSTRAINTS=1 is not available here.
 #   Examples:
 #       bash examples/commongen/run.sh                                   # transformer on concepts
+#       PRETRAINED=bart.large bash examples/commongen/run.sh              # EKI-BART (eki_bart_large)
+#       PRETRAINED=bart.large NAME=bart_dimattn ARCH=bart_dimattn_large bash examples/commongen/run.sh
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh
 #       NAME=eki INPUT=eki ARCH=eki_transformer TASK_ARGS="--task eki_generation" \
 #           CRITERION=eki_label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1 --eki-lambda 1" \
@@ -50,6 +71,24 @@ DATA=$(realpath -m "${1:-$ROOT/../shared/data/commongen}")
 OUT=$(realpath -m "${2:-$ROOT/work/commongen}")
 CORPUS_OOD=$(realpath -m "${3:-$ROOT/../shared/data/wikitext-2/valid.txt}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
+PRETRAINED=${PRETRAINED:+$(realpath -m "$PRETRAINED")}
+if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task and criterion
+  for f in model.pt dict.txt encoder.json vocab.bpe; do
+    [ -f "$PRETRAINED/$f" ] || { echo "PRETRAINED=$PRETRAINED has no $f (docs/pretrained_bart.md)"; exit 2; }
+  done
+  [ "${CONSTRAINTS:-0}" = 0 ] || { echo "CONSTRAINTS=1 is not available with PRETRAINED"; exit 2; }
+  GPT2_ARGS="--gpt2-encoder-json $PRETRAINED/encoder.json --gpt2-vocab-bpe $PRETRAINED/vocab.bpe"
+  ARCH=${ARCH:-eki_bart_large}; NAME=${NAME:-$ARCH}
+  case $ARCH in
+    eki_bart_*) INPUT=${INPUT:-eki}; CRITERION=${CRITERION:-eki_label_smoothed_cross_entropy}
+      TASK_ARGS=${TASK_ARGS:-"--task eki_generation --eki-gpt2-encoder-json $PRETRAINED/encoder.json"} ;;
+    bart_*) INPUT=${INPUT:-concepts} ;;
+    *) echo "PRETRAINED needs a BART architecture (eki_bart_large, bart_dimattn_large...), not ARCH=$ARCH"; exit 2 ;;
+  esac
+  LR=${LR:-3e-05}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.1}; MAX_TOKENS=${MAX_TOKENS:-2048}
+  UPDATE_FREQ=${UPDATE_FREQ:-4}; MAX_UPDATE=${MAX_UPDATE:-20000}; MINUTES=${MINUTES:-0}
+  BPE_DECODE_ARGS="--bpe gpt2 $GPT2_ARGS"
+fi
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
@@ -97,15 +136,28 @@ if stage 2; then
   done
 fi
 if stage 3; then
-  echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
   # shellcheck disable=SC2046
-  stage_bpe $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
+  if [ -n "$PRETRAINED" ]; then
+    echo "== stage 3: GPT-2 BPE of $PRETRAINED (fairseq's encoder, <sep> kept whole) -> $OUT/bpe"
+    $PY -m fairseq_knowgen.prep.commongen gpt2-bpe --encoder-json "$PRETRAINED/encoder.json" \
+      --vocab-bpe "$PRETRAINED/vocab.bpe" --in-dir "$OUT/raw" --out-dir "$OUT/bpe" \
+      $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
+  else
+    echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
+    stage_bpe $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
+  fi
 fi
 if stage 4; then
   extra=$(extra_splits | xargs)
   echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood (splits: train valid $extra)"
-  stage_binarize "$OUT/bin" src
-  stage_binarize "$OUT/bin-eki" eki.src
+  dict=() dict_eki=()
+  if [ -n "$PRETRAINED" ]; then  # bart's dictionary, <mask> kept on its row; for EKI <sep> a new symbol after it
+    $PY -m fairseq_knowgen.convert.extend_dictionary "$PRETRAINED" "$OUT/bpe/dict.txt"
+    $PY -m fairseq_knowgen.convert.extend_dictionary "$PRETRAINED" "$OUT/bpe/dict.eki.txt" --add '<sep>'
+    dict=(--srcdict "$OUT/bpe/dict.txt") dict_eki=(--srcdict "$OUT/bpe/dict.eki.txt")
+  fi
+  stage_binarize "$OUT/bin" src "${dict[@]}"
+  stage_binarize "$OUT/bin-eki" eki.src "${dict_eki[@]}"
   stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
   # shellcheck disable=SC2086
   stage_binarize_extra "$OUT/bin" src $extra
@@ -117,11 +169,16 @@ if stage 4; then
     for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
   done
   # shellcheck disable=SC2046
-  for d in bin bin-eki bin-eki-ood; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
+  [ -n "$PRETRAINED" ] || for d in bin bin-eki bin-eki-ood; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
 fi
 if stage 5; then
-  echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $LAYERS+$LAYERS layers x $DIM) -> $RUN"
-  stage_train
+  if [ -n "$PRETRAINED" ]; then
+    echo "== stage 5: fine-tune $PRETRAINED/model.pt as $NAME (--arch $ARCH $ARCH_ARGS on $INPUT) -> $RUN"
+    stage_finetune "$PRETRAINED/model.pt"
+  else
+    echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $LAYERS+$LAYERS layers x $DIM) -> $RUN"
+    stage_train
+  fi
 fi
 if stage 6; then
   if [ "$CONSTRAINT_FORM" = prototype ]; then

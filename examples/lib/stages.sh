@@ -1,6 +1,7 @@
 # Shared stages of the recipes in examples/<dataset>/run.sh (sourced, not run).
 # The recipe sets: ROOT OUT RUN NAME ARCH ARCH_ARGS LAYERS DIM HEADS MINUTES MAX_UPDATE BPE_OPS BEAM
-# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS], and calls the functions below in its
+# TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS] [BPE_DECODE_ARGS: how fairseq-generate undoes the
+# BPE, default --remove-bpe (subword-nmt); e.g. "--bpe gpt2 --gpt2-encoder-json ..."], and calls the functions below in its
 # numbered stages. Recipes of another shape (examples/kbert, examples/cocon) use only PY BIN DEVICE_ARGS stage hours
 # require_file train_logged.
 # Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
@@ -137,6 +138,26 @@ stage_train() {
     $TRAIN_ARGS
 }
 
+# stage_finetune CHECKPOINT: fine-tune a released BART (CHECKPOINT, e.g. bart.large/model.pt; ARCH a bart_* or eki_bart_*
+# architecture, DATA_BIN binarized with its dictionary) with the settings of fairseq's BART fine-tuning example
+# (examples/bart/README.summarization.md): polynomial decay to MAX_UPDATE (--total-num-update) after WARMUP, adam
+# (0.9, 0.999) eps 1e-08, weight decay 0.01, clip-norm 0.1, dropout DROPOUT and attention dropout 0.1, UPDATE_FREQ
+# (default 1), --fp16 on CUDA. --finetune-from-model is --restore-file with the four --reset-* flags on the first
+# launch, and resumes checkpoint_last.pt when rerun (--restore-file would start over from CHECKPOINT).
+stage_finetune() {
+  local fp16=""
+  [ "$DEVICE_ARGS" = --cpu ] || fp16=--fp16
+  # shellcheck disable=SC2086
+  train_logged "$RUN" "$DATA_BIN" --seed "$SEED" $TASK_ARGS --arch "$ARCH" $ARCH_ARGS \
+    --finetune-from-model "$1" --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed \
+    --criterion "$CRITERION" $CRITERION_ARGS --dropout "$DROPOUT" --attention-dropout 0.1 --weight-decay 0.01 \
+    --optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-08 --clip-norm 0.1 \
+    --lr-scheduler polynomial_decay --lr "$LR" --total-num-update "$MAX_UPDATE" --warmup-updates "$WARMUP" \
+    --update-freq "${UPDATE_FREQ:-1}" --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" \
+    --stop-time-hours "$(hours "$MINUTES")" --skip-invalid-size-inputs-valid-test --find-unused-parameters \
+    --log-interval 100 $fp16 $TRAIN_ARGS
+}
+
 # stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from checkpoint_$CHECKPOINT.pt; CONSTRAINTS=1 adds
 # fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons, DECODE_ARGS their flags (both decode with
 # translation_constrained unless TASK_ARGS names a task)
@@ -159,7 +180,7 @@ stage_generate() {
   # shellcheck disable=SC2086
   $BIN/fairseq-generate "$DATA_BIN" --user-dir fairseq_knowgen $TASK_ARGS "${constrain[@]}" ${GEN_ARGS:-} \
     ${DECODE_ARGS:-} --gen-subset "$1" \
-    --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --beam "$BEAM" --batch-size 128 --remove-bpe \
+    --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --beam "$BEAM" --batch-size 128 ${BPE_DECODE_ARGS:---remove-bpe} \
     --required-batch-size-multiple 1 \
     $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }
 }

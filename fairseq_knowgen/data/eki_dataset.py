@@ -59,6 +59,26 @@ def encode_source(line: str, encode_fn) -> str:
     return f" {SEPARATOR} ".join(encode_fn(" ".join(part)) for part in parts)
 
 
+class SeparatorKeepingBPE:
+    """A fairseq BPE (``--bpe``) whose ``decode`` keeps ``<sep>`` whole, each side decoded apart:
+    the inverse of :func:`encode_source`. GPT-2's decoder reads only GPT-2 ids, and
+    ``fairseq-generate`` decodes the source line too. Everything else is the wrapped BPE's."""
+
+    def __init__(self, bpe):
+        self.bpe = bpe
+
+    def decode(self, x: str) -> str:
+        parts: List[List[str]] = [[]]
+        for tok in x.split():
+            if tok == SEPARATOR:
+                parts.append([])
+            else:
+                parts[-1].append(tok)
+        return f" {SEPARATOR} ".join(self.bpe.decode(" ".join(p)).strip() for p in parts)
+
+    def __getattr__(self, name):
+        return getattr(self.bpe, name)
+
 class PieceWords:
     """The words of a row of dictionary symbols (BPE pieces), for either BPE of the package:
 

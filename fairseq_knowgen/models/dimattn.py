@@ -30,7 +30,6 @@ from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from ..convert.extend_dictionary import upgrade_pretrained_bart
 from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import (
     CONCAVE_CHOICES,
@@ -169,6 +168,10 @@ class DimAttnBARTModel(DimAttnMixin, BARTModel):
         """BART's upgrade, then the checkpoint's embeddings grown to the task dictionary; a
         pretrained tensor the upgrade would drop is refused
         (:func:`~fairseq_knowgen.convert.extend_dictionary.upgrade_pretrained_bart`)."""
+        # imported here: ``python -m fairseq_knowgen.convert.extend_dictionary`` runs that module as
+        # __main__, and runpy warns when the package import (which registers the models) loaded it first
+        from ..convert.extend_dictionary import upgrade_pretrained_bart
+
         upgrade_pretrained_bart(self, state_dict, name, super().upgrade_state_dict_named)
 
 

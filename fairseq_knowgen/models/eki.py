@@ -71,7 +71,6 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from ..convert.extend_dictionary import upgrade_pretrained_bart
 from ..data.eki_dataset import SEPARATOR
 from ..modules.cross_attention import replace_cross_attention
 from ..modules.diminishing_attention import DiminishingMultiheadAttention
@@ -493,6 +492,10 @@ class EKIBARTModel(EKIMixin, BARTModel):
         (``<sep>`` and any other new symbol get new rows, the mean of the pretrained ones);
         a pretrained tensor the upgrade would drop is refused
         (:func:`~fairseq_knowgen.convert.extend_dictionary.upgrade_pretrained_bart`)."""
+        # imported here: ``python -m fairseq_knowgen.convert.extend_dictionary`` runs that module as
+        # __main__, and runpy warns when the package import (which registers the models) loaded it first
+        from ..convert.extend_dictionary import upgrade_pretrained_bart
+
         upgrade_pretrained_bart(self, state_dict, name, super().upgrade_state_dict_named)
 
 

@@ -44,7 +44,7 @@ from typing import List, Optional
 
 from fairseq.tasks import register_task
 
-from ..data.eki_dataset import SEPARATOR, EKIDataset, SourceAnnotator, encode_source
+from ..data.eki_dataset import SEPARATOR, EKIDataset, SeparatorKeepingBPE, SourceAnnotator, encode_source
 from ..textio import DataError, read_lines, read_parallel
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
@@ -102,6 +102,11 @@ class EKIGenerationTask(TranslationConstrainedTask):
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
         return EKIDataset(base, self.src_dict, "<inference>", self.cfg.eki_gpt2_encoder_json)
+
+    def build_bpe(self, args):
+        """The ``--bpe`` of fairseq-generate/-interactive, decoding each side of ``<sep>`` apart."""
+        bpe = super().build_bpe(args)
+        return SeparatorKeepingBPE(bpe) if bpe is not None else None
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """The parent's generator, with ``<sep>`` stripped from the output strings as EOS is: it

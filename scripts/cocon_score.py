@@ -132,13 +132,15 @@ class Judge:
         return math.exp(total / max(count, 1))
 
 
-def score_file(path, source_path, judge, concepts=None, contents=None) -> Dict[str, float]:
+def score_file(path, source_path, judge, concepts=None, contents=None, pieces=None) -> Dict[str, float]:
+    """``pieces``: GPT-2 BPE outputs (:class:`fairseq_knowgen.prep.cocon.Gpt2Pieces`) are decoded
+    to text; by default subword-nmt's ``@@`` joins are undone."""
     sources = read_lines(source_path, "CoCon input")
     hyps_bpe = read_hypotheses(path)
     if len(hyps_bpe) != len(sources):
         raise DataError(path, 0, f"{len(hyps_bpe)} hypotheses for {len(sources)} inputs in {source_path}")
     hyps_bpe = [strip_prompt(h, s) for h, s in zip(hyps_bpe, sources)]
-    hyps = [normalize(h) for h in hyps_bpe]
+    hyps = [pieces.text(h.split()) if pieces else normalize(h) for h in hyps_bpe]
     out = {"n": len(hyps)}
     if concepts is not None:
         out["coverage"] = metrics.concept_coverage(hyps, concepts)
@@ -156,6 +158,9 @@ def score_file(path, source_path, judge, concepts=None, contents=None) -> Dict[s
 
 def cmd_score(a):
     judge = Judge(a.judge) if a.judge else None
+    from fairseq_knowgen.prep.cocon import Gpt2Pieces
+
+    pieces = Gpt2Pieces(a.gpt2_bpe) if a.gpt2_bpe else None
     concepts = [c.split("|") for c in read_lines(a.concepts, "concepts")] if a.concepts else None
     results = {}
     for path in sorted(glob.glob(os.path.join(a.gen_dir, "*.out"))):
@@ -166,14 +171,14 @@ def cmd_score(a):
         prompt = "prompt" in system.split("-")
         src = os.path.join(a.inputs, f"{kind}{'.prompt' if prompt else ''}.src")
         if kind == "cg":
-            res = score_file(path, src, judge, concepts=concepts)
+            res = score_file(path, src, judge, concepts=concepts, pieces=pieces)
         else:
             contents_path = os.path.join(a.contents_dir or a.inputs, f"{kind}.content")
             contents = read_lines(contents_path, "contents")
             n_inputs = len(read_lines(src, "CoCon input"))
             if len(contents) != n_inputs:
                 raise DataError(contents_path, 0, f"{len(contents)} contents for {n_inputs} inputs in {src}")
-            res = score_file(path, src, judge, contents=contents)
+            res = score_file(path, src, judge, contents=contents, pieces=pieces)
         results[f"{kind}/{system}"] = res
         print(json.dumps({"run": a.name, "set": kind, "system": system, **res}))
     with atomic_write(a.json_out) as f:
@@ -260,6 +265,7 @@ def main(argv=None):
     s.add_argument("--concepts", help="CommonGen valid.concepts ('|'-separated)")
     s.add_argument("--judge", help="judge transformer_lm checkpoint (dict.txt beside it)")
     s.add_argument("--name", default="cocon")
+    s.add_argument("--gpt2-bpe", metavar="DIR", help="outputs in GPT-2 BPE ids: decoded (DIR: encoder.json, vocab.bpe)")
     s.add_argument("--json-out", required=True)
     t = sub.add_parser("table")
     t.add_argument("--scores", nargs="+", required=True)

@@ -1,13 +1,17 @@
 """examples/cocon/run.sh end to end on tiny raw data in the original formats (wikitext-2, CommonGen,
 WebNLG XML): the base LM, the judge LM and CoCon train, fairseq-generate decodes, the tables and
-the plot are written."""
+the plot are written; and the same from a pretrained LM (a converted tiny GPT-2, LM_PATH) with its
+own dictionary and GPT-2 BPE."""
 
 import json
+import math
 import os
 import random
+import re
+import string
 import subprocess
 
-from conftest import ROOT
+from conftest import BIN, ROOT
 
 WORDS = "dog cat ball park run jump play throw catch field river boat sit swim red green big small".split()
 
@@ -68,18 +72,51 @@ RECIPE_ENV = dict(
 )
 
 
-def test_recipe_end_to_end(tmp_path):
-    make_raw(tmp_path / "data")
-    out, plot = tmp_path / "out", tmp_path / "plot.png"
+def run_recipe(data, out, **env):
+    """examples/cocon/run.sh DATA OUT with RECIPE_ENV and ``env``; fails the test when it fails."""
     proc = subprocess.run(
-        ["bash", "examples/cocon/run.sh", tmp_path / "data", out],
+        ["bash", "examples/cocon/run.sh", data, out],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
-        env=dict(os.environ, **RECIPE_ENV, PLOT=str(plot)),
+        env=dict(os.environ, **RECIPE_ENV, **env),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def hypotheses(path):
+    """The H- lines of fairseq-generate output in input order."""
+    hyps = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("H-"):
+            idx, _, text = line[2:].split("\t")
+            hyps[int(idx)] = text
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def distinct1(texts):
+    """Distinct unigrams / unigrams in percent over lower-cased word and punctuation tokens (hand count)."""
+    toks = [t for x in texts for t in re.findall(r"\w+|[^\w\s]", x.lower())]
+    return 100.0 * len(set(toks)) / len(toks)
+
+
+def check_scores(table):
+    """Every score a finite number in its range."""
+    for rows in table.values():
+        for row in rows.values():
+            for k, v in row.items():
+                assert isinstance(v, (int, float)) and math.isfinite(v), (k, v)
+                if k == "judge_ppl":
+                    assert v > 1
+                elif k not in ("n", "len"):
+                    assert 0 <= v <= 100, (k, v)
+
+
+def test_recipe_end_to_end(tmp_path):
+    make_raw(tmp_path / "data")
+    out, plot = tmp_path / "out", tmp_path / "plot.png"
+    run_recipe(tmp_path / "data", out, PLOT=str(plot))
     run = out / "runs" / "cocon"
     # CoCon trained with every loss on (cycle and adversarial from update 1 on)
     log = (run / "train.log").read_text()
@@ -95,3 +132,48 @@ def test_recipe_end_to_end(tmp_path):
     assert plot.stat().st_size > 0
     # the prompted LM's hypotheses start with the prompt: scoring removed it
     assert "| lm-prompt |" in (out / "table.md").read_text()
+    check_scores(scores)
+    hyps = [re.sub(r"@@( |$)", "", h) for h in hypotheses(run / "gen" / "cg.tau5.out")]
+    assert abs(scores["commongen"]["cocon/tau5"]["dist1"] - distinct1(hyps)) < 1e-6
+
+
+def test_recipe_from_converted_gpt2(tmp_path):
+    """LM_PATH: a tiny GPT-2 converted by ``python -m fairseq_knowgen.convert.hf_gpt2``, with its GPT-2
+    BPE files: no BPE learned, no dictionary built, no LM trained; CoCon trains inside it, decodes,
+    and the outputs are scored as text."""
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    from test_convert_gpt2 import WORDS as GPT2_WORDS
+    from test_convert_gpt2 import save_tiny_gpt2
+
+    make_raw(tmp_path / "data")
+    chars = string.ascii_letters + string.digits + string.punctuation
+    # half the words one token each, the rest spelled out: scoring BPE ids instead of text would miscount
+    words = GPT2_WORDS + WORDS[: len(WORDS) // 2] + "likes lot plays with every day heading".split()
+    save_tiny_gpt2(tmp_path / "hf", words=words, chars=chars, n_positions=64)
+    lm = tmp_path / "gpt2"
+    conv = subprocess.run(
+        [f"{BIN}/python", "-m", "fairseq_knowgen.convert.hf_gpt2", tmp_path / "hf", lm],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    out = tmp_path / "out"
+    run_recipe(tmp_path / "data", out, LM_PATH=str(lm), TOKENS_PER_SAMPLE="64", PLOT=str(tmp_path / "plot.png"))
+    # the LM's own dictionary and BPE: nothing learned, no LM trained
+    assert (out / "bin" / "lm" / "dict.txt").read_text() == (lm / "dict.txt").read_text()
+    assert (out / "runs" / "judge" / "checkpoints" / "dict.txt").read_text() == (lm / "dict.txt").read_text()
+    assert not (out / "bpe" / "codes").exists() and not (out / "runs" / "lm").exists()
+    bpe = get_encoder(str(lm / "encoder.json"), str(lm / "vocab.bpe"))
+    first = (out / "bpe" / "valid.txt").read_text().splitlines()[0]
+    assert bpe.decode([int(t) for t in first.split()]).split()[0] == (out / "raw" / "valid.txt").read_text().split()[0]
+    # CoCon inside the converted GPT-2 decodes every concept set; the scores read the decoded text
+    run = out / "runs" / "cocon"
+    n_sets = len((out / "raw" / "commongen" / "valid.concepts").read_text().splitlines())
+    # (a sampled output may hold <unk>: the LM's extra rows have probability <= 1/V, not 0)
+    hyps = hypotheses(run / "gen" / "cg.tau5.out")
+    hyps = [bpe.decode([int(t) if t.isdigit() else t for t in h.split()]) for h in hyps]
+    assert len(hyps) == n_sets
+    scores = json.loads((out / "table.json").read_text())
+    check_scores(scores)
+    assert abs(scores["commongen"]["cocon/tau5"]["dist1"] - distinct1(hyps)) < 1e-6

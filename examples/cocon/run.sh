@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# CoCon (content-conditioned LM, shared/seeds/cocon.zh.txt) on a small fairseq transformer_lm. Staged; rerun from any stage.
+# CoCon (content-conditioned LM, shared/seeds/cocon.zh.txt) on a frozen fairseq transformer_lm: one this recipe
+# trains (stage 3), or a pretrained one (LM_PATH: e.g. GPT-2 converted by fairseq_knowgen.convert.hf_gpt2, see
+# docs/pretrained_cocon.md). Staged; rerun from any stage.
 #
 #   bash examples/cocon/run.sh [DATA_ROOT] [OUT_DIR]
 #       DATA_ROOT: folder with wikitext-2/valid.txt, commongen/, webnlg/ (default ../shared/data)
@@ -8,27 +10,36 @@
 #       1 prepare raw/: LM sentences (wikitext-2 + CommonGen train references + WebNLG train texts), held-back
 #         sentences, CommonGen dev concept sets (raw/commongen/)
 #       2 BPE (bpe/) and binarize: bin/lm (LM and CoCon data; its dict.txt is everyone's), bin/judge (same
-#         sentences, another order), bin/gen (decoding inputs: cg[.prompt].src, ht{5,10,20}[.prompt].src)
-#       3 train the base LM (runs/lm)      4 train the judge LM (runs/judge: another seed and data order)
+#         sentences, another order), bin/gen (decoding inputs: cg[.prompt].src, ht{5,10,20}[.prompt].src).
+#         Without LM_PATH it learns a BPE (bpe/codes) and builds the dictionary; with LM_PATH it applies the LM's
+#         BPE and binarizes with the LM's dict.txt (--srcdict): nothing new is learned
+#       3 train the base LM (runs/lm; skipped with LM_PATH)
+#       4 train the judge LM (runs/judge: another seed and data order, the LM's dictionary and BPE)
 #       5 train CoCon NAME on the frozen base LM (runs/NAME)
 #       6 decode (runs/NAME/gen): the plain LM from its start symbol (SET.lm.out), the LM with the content as a
 #         prompt (SET.lm-prompt.out), CoCon for each tau in TAUS (SET.tauT.out); SET = cg, ht5, ht10, ht20
 #       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json) and the plot PLOT
 #   Environment (all optional):
 #       BPE_OPS=8000 HELDOUT=600 VALID=1000 CONTENT_MODE=separate (one content per concept; 'joined': one content)
-#       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=15 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
-#       JUDGE_SEED=2 JUDGE_MINUTES=15
-#       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=15 COCON_MAX_UPDATE=0 CYCLE_START=100 ADV_START=100
+#       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=60 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
+#       JUDGE_SEED=2 JUDGE_MINUTES=60
+#       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=60 COCON_MAX_UPDATE=0 COCON_LR=2e-3 COCON_WARMUP=200
+#       CYCLE_START="" ADV_START="" (unset: the cocon criterion's own defaults; the README's one-hour rows used
+#                    CYCLE_START=100 ADV_START=100)
 #       COCON_MAX_TOKENS=2048 (CoCon's batches: each update runs the LM ~4 times)
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-cycle-weight 0", "--cocon-null-weight 0",
 #                    "--cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
 #       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --beam 1" GEN_SEED=1 CG_LEN=32 HT_LEN=40
 #       BASELINES=1 (0: no lm/lm-prompt rows: they are the same for every NAME)  SETS="cg ht5 ht10 ht20" (stage 6)
 #       MAX_TOKENS=4096 TRAIN_ARGS="" (every fairseq-train, e.g. "--distributed-world-size 8" on GPUs)
-#       PLOT=docs/cocon_coverage_ppl.png   LM_PATH="" (a pretrained transformer_lm checkpoint to use instead of
-#                    stage 3: its dict.txt beside it must be bin/lm's, e.g. binarize with it)
+#       PLOT=OUT/cocon_coverage_ppl.png (docs/cocon_coverage_ppl.png is the README's copy)
+#       LM_PATH=""   a pretrained fairseq transformer_lm instead of stage 3: its folder (checkpoint.pt, model.pt or
+#                    checkpoint_best.pt in it) or the checkpoint itself, with beside it its dict.txt and its BPE:
+#                    encoder.json + vocab.bpe (GPT-2's BPE, applied with fairseq's encoder) or codes / bpecodes
+#                    (subword-nmt). The defaults above are the README's one-hour rows (LM_PATH unset).
 #   Examples:
 #       bash examples/cocon/run.sh                                              # everything, NAME=cocon
+#       LM_PATH=work/gpt2-fairseq TOKENS_PER_SAMPLE=256 bash examples/cocon/run.sh  # CoCon inside a converted GPT-2
 #       NAME=cocon-nocycle ARGS="--cocon-cycle-weight 0" STAGE=5 bash examples/cocon/run.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,34 +47,67 @@ DATA=$(realpath -m "${1:-$ROOT/../shared/data}")
 OUT=$(realpath -m "${2:-$ROOT/work/cocon}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 BPE_OPS=${BPE_OPS:-8000}; HELDOUT=${HELDOUT:-600}; VALID=${VALID:-1000}; CONTENT_MODE=${CONTENT_MODE:-separate}
-LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-15}
+LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-60}
 LM_MAX_UPDATE=${LM_MAX_UPDATE:-0}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
 JUDGE_SEED=${JUDGE_SEED:-2}; JUDGE_MINUTES=${JUDGE_MINUTES:-$LM_MINUTES}
-NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-2}; COCON_MINUTES=${COCON_MINUTES:-15}
-COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-0}; CYCLE_START=${CYCLE_START:-100}; ADV_START=${ADV_START:-100}; ARGS=${ARGS:-}
+NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-2}; COCON_MINUTES=${COCON_MINUTES:-60}
+COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-0}; COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}
+CYCLE_START=${CYCLE_START:-}; ADV_START=${ADV_START:-}; ARGS=${ARGS:-}
 TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --beam 1}; GEN_SEED=${GEN_SEED:-1}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
-MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_MAX_TOKENS=${COCON_MAX_TOKENS:-2048}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$ROOT/docs/cocon_coverage_ppl.png}
+MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_MAX_TOKENS=${COCON_MAX_TOKENS:-2048}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
 LM_PATH=${LM_PATH:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$ROOT/examples/lib/stages.sh"
-LM=${LM_PATH:-$OUT/runs/lm/checkpoints/checkpoint_best.pt}
 RUN=$OUT/runs/$NAME
+FILES="train.txt train.judge.txt valid.txt heldout.txt cg.concepts.txt cg.ref.txt"
 
-# train_lm RUN_DIR DATA_BIN SEED MINUTES: a fairseq transformer_lm (its dict.txt copied beside the checkpoints)
+# the LM (LM), its folder (LM_DIR: dict.txt) and its BPE (LM_BPE: gpt2 with LM_DIR/encoder.json + vocab.bpe, or
+# subword-nmt with CODES)
+if [ -z "$LM_PATH" ]; then
+  LM_DIR=$OUT/runs/lm/checkpoints; LM=$LM_DIR/checkpoint_best.pt; LM_BPE=subword-nmt; CODES=$OUT/bpe/codes
+else
+  if [ -d "$LM_PATH" ]; then
+    LM_DIR=$(realpath "$LM_PATH"); LM=""
+    for f in checkpoint.pt model.pt checkpoint_best.pt; do
+      if [ -f "$LM_DIR/$f" ]; then LM=$LM_DIR/$f; break; fi
+    done
+    [ -n "$LM" ] || { echo "LM_PATH=$LM_PATH: no checkpoint.pt, model.pt or checkpoint_best.pt in it"; exit 2; }
+  else
+    [ -f "$LM_PATH" ] || { echo "LM_PATH=$LM_PATH: not found"; exit 2; }
+    LM=$(realpath "$LM_PATH"); LM_DIR=$(dirname "$LM")
+  fi
+  [ -f "$LM_DIR/dict.txt" ] || { echo "$LM_DIR/dict.txt: missing (LM_PATH: the LM's dictionary goes beside it)"; exit 2; }
+  if [ -f "$LM_DIR/encoder.json" ] && [ -f "$LM_DIR/vocab.bpe" ]; then LM_BPE=gpt2
+  elif [ -f "$LM_DIR/codes" ]; then LM_BPE=subword-nmt; CODES=$LM_DIR/codes
+  elif [ -f "$LM_DIR/bpecodes" ]; then LM_BPE=subword-nmt; CODES=$LM_DIR/bpecodes
+  else
+    echo "LM_PATH=$LM_PATH: no BPE beside the LM in $LM_DIR (encoder.json + vocab.bpe: GPT-2's; codes or bpecodes:"
+    echo "subword-nmt's)"; exit 2
+  fi
+fi
+
+# copy_lm_files DIR: the dictionary and the BPE of bin/lm beside a checkpoint (LM_PATH=DIR reuses it)
+copy_lm_files() {
+  cp "$OUT/bin/lm/dict.txt" "$1/dict.txt"
+  if [ "$LM_BPE" = gpt2 ]; then cp "$LM_DIR/encoder.json" "$LM_DIR/vocab.bpe" "$1/"; else cp "$CODES" "$1/codes"; fi
+}
+
+# train_lm RUN_DIR DATA_BIN SEED MINUTES: a fairseq transformer_lm (its dict.txt and BPE copied beside the checkpoints);
+# sentences longer than TOKENS_PER_SAMPLE are left out (a pretrained LM's BPE may cut them finer than ours)
 train_lm() {
   local run=$1 bin=$2 seed=$3 minutes=$4
   # shellcheck disable=SC2086
   train_logged "$run" "$bin" --task language_modeling --arch transformer_lm --seed "$seed" \
     --decoder-layers "$LM_LAYERS" --decoder-embed-dim "$LM_DIM" --decoder-ffn-embed-dim $((4 * LM_DIM)) \
     --decoder-attention-heads "$LM_HEADS" --share-decoder-input-output-embed --dropout 0.1 \
-    --sample-break-mode complete --tokens-per-sample "$TOKENS_PER_SAMPLE" \
+    --sample-break-mode complete --tokens-per-sample "$TOKENS_PER_SAMPLE" --skip-invalid-size-inputs-valid-test \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 \
     --max-tokens "$MAX_TOKENS" --max-update "$LM_MAX_UPDATE" --stop-time-hours "$(hours "$minutes")" \
     --log-interval 100 $LM_ARGS $TRAIN_ARGS
-  cp "$bin/dict.txt" "$run/checkpoints/dict.txt"
+  copy_lm_files "$run/checkpoints"
 }
 
 if stage 1; then
@@ -72,19 +116,33 @@ if stage 1; then
     --webnlg "$DATA/webnlg" --heldout "$HELDOUT" --valid "$VALID" --out "$OUT/raw"
 fi
 if stage 2; then
-  echo "== stage 2: BPE ($BPE_OPS merges) -> $OUT/bpe; binarize -> $OUT/bin/{lm,judge,gen}"
   mkdir -p "$OUT/bpe" "$OUT/bin"
-  $BIN/subword-nmt learn-bpe -s "$BPE_OPS" < "$OUT/raw/train.txt" > "$OUT/bpe/codes" 2> "$OUT/bpe/learn.log"
-  for f in train.txt train.judge.txt valid.txt heldout.txt cg.concepts.txt cg.ref.txt; do
-    $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" --glossaries '<sep>' '<prompt>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
-  done
+  if [ -z "$LM_PATH" ]; then
+    echo "== stage 2: BPE ($BPE_OPS merges) -> $OUT/bpe; binarize -> $OUT/bin/{lm,judge,gen}"
+    $BIN/subword-nmt learn-bpe -s "$BPE_OPS" < "$OUT/raw/train.txt" > "$OUT/bpe/codes" 2> "$OUT/bpe/learn.log"
+    dict=()
+  else
+    echo "== stage 2: the LM's BPE ($LM_BPE, $LM_DIR) -> $OUT/bpe; binarize with its dict.txt -> $OUT/bin/{lm,judge,gen}"
+    dict=(--srcdict "$LM_DIR/dict.txt")
+  fi
+  if [ "$LM_BPE" = gpt2 ]; then
+    # shellcheck disable=SC2086
+    $PY -m fairseq_knowgen.prep.cocon gpt2-bpe --gpt2-dir "$LM_DIR" --raw "$OUT/raw" --out "$OUT/bpe" $FILES
+  else
+    for f in $FILES; do
+      $BIN/subword-nmt apply-bpe -c "$CODES" --glossaries '<sep>' '<prompt>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
+    done
+  fi
   rm -rf "$OUT/bin/lm" "$OUT/bin/judge" "$OUT/bin/gen"
-  $BIN/fairseq-preprocess --only-source --trainpref "$OUT/bpe/train.txt" --validpref "$OUT/bpe/valid.txt" \
-    --destdir "$OUT/bin/lm" --workers 2 > "$OUT/bin/lm.log" 2>&1 || { echo "fairseq-preprocess failed: see $OUT/bin/lm.log"; exit 1; }
+  $BIN/fairseq-preprocess --only-source "${dict[@]}" --trainpref "$OUT/bpe/train.txt" \
+    --validpref "$OUT/bpe/valid.txt" --destdir "$OUT/bin/lm" --workers 2 > "$OUT/bin/lm.log" 2>&1 \
+    || { echo "fairseq-preprocess failed: see $OUT/bin/lm.log"; exit 1; }
   $BIN/fairseq-preprocess --only-source --srcdict "$OUT/bin/lm/dict.txt" --trainpref "$OUT/bpe/train.judge.txt" \
     --validpref "$OUT/bpe/valid.txt" --destdir "$OUT/bin/judge" --workers 2 > "$OUT/bin/judge.log" 2>&1 \
     || { echo "fairseq-preprocess failed: see $OUT/bin/judge.log"; exit 1; }
-  $PY -m fairseq_knowgen.prep.cocon inputs --bpe-dir "$OUT/bpe" --out "$OUT/bin/gen" --content-mode "$CONTENT_MODE"
+  gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")
+  $PY -m fairseq_knowgen.prep.cocon inputs --bpe-dir "$OUT/bpe" --out "$OUT/bin/gen" --content-mode "$CONTENT_MODE" \
+    "${gpt2[@]}"
   cp "$OUT/bin/lm/dict.txt" "$OUT/bin/gen/dict.txt"
 fi
 if stage 3; then
@@ -100,12 +158,16 @@ if stage 4; then
   train_lm "$OUT/runs/judge" "$OUT/bin/judge" "$JUDGE_SEED" "$JUDGE_MINUTES"
 fi
 if stage 5; then
-  echo "== stage 5: train CoCon $NAME (--arch $ARCH --cocon-layer $COCON_LAYER $ARGS; $COCON_MINUTES min) -> $RUN"
+  echo "== stage 5: train CoCon $NAME (--arch $ARCH --cocon-layer $COCON_LAYER $ARGS; $COCON_MINUTES min) on $LM -> $RUN"
+  schedule=()  # the criterion's own defaults unless CYCLE_START / ADV_START are set
+  [ -z "$CYCLE_START" ] || schedule+=(--cocon-cycle-start "$CYCLE_START")
+  [ -z "$ADV_START" ] || schedule+=(--cocon-adv-start "$ADV_START")
   # shellcheck disable=SC2086
   train_logged "$RUN" "$OUT/bin/lm" --task cocon_generation --arch "$ARCH" --seed 1 \
     --cocon-lm-path "$LM" --cocon-layer "$COCON_LAYER" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
-    --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 200 \
+    --criterion cocon "${schedule[@]}" \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$COCON_LR" --lr-scheduler inverse_sqrt \
+    --warmup-updates "$COCON_WARMUP" \
     --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
     --log-interval 100 $ARGS $TRAIN_ARGS
 fi
@@ -136,9 +198,10 @@ if stage 6; then
 fi
 if stage 7; then
   echo "== stage 7: score $NAME -> $RUN/scores.json; tables of every run -> $OUT/table.md, plot -> $PLOT"
+  gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")  # outputs in GPT-2 BPE ids: decoded
   $PY scripts/cocon_score.py score --gen-dir "$RUN/gen" --inputs "$OUT/bin/gen" --name "$NAME" \
     --concepts "$OUT/raw/commongen/valid.concepts" --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" \
-    --json-out "$RUN/scores.json" > "$RUN/scores.log"
+    --json-out "$RUN/scores.json" "${gpt2[@]}" > "$RUN/scores.log"
   # shellcheck disable=SC2046
   $PY scripts/cocon_score.py table --scores $(ls "$OUT"/runs/*/scores.json) \
     --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" --refs-bpe "$OUT/bpe/cg.ref.txt" \

@@ -26,7 +26,12 @@ at least K tokens, as the paper's 5/10/20-token contents), and ``ht{K}.content``
 with BPE joins undone: the BLEU reference).
 
     python -m fairseq_knowgen.prep.cocon corpus --wikitext W --commongen C --webnlg N --out RAW
-    python -m fairseq_knowgen.prep.cocon inputs --raw RAW --bpe-dir BPE --out GEN
+    python -m fairseq_knowgen.prep.cocon inputs --raw RAW --bpe-dir BPE --out GEN [--gpt2-bpe LM_DIR]
+    python -m fairseq_knowgen.prep.cocon gpt2-bpe --gpt2-dir LM_DIR --raw RAW --out BPE FILE...
+
+With a pretrained LM that reads GPT-2's BPE (``examples/cocon/run.sh`` with ``LM_PATH``),
+``gpt2-bpe`` encodes the corpus into BPE ids and ``inputs --gpt2-bpe`` finds word boundaries and
+the contents' text through the same encoder.
 """
 
 import argparse
@@ -105,27 +110,76 @@ def prepare_corpus(
     print(f"train {len(train)}, valid {len(valid)}, heldout {len(heldout)} sentences -> {out}")
 
 
-def unbpe(text: str) -> str:
-    return re.sub(r"@@( |$)", "", text).strip()
+class SubwordNmtPieces:
+    """Word boundaries and text of subword-nmt BPE (``piece@@ piece``)."""
+
+    def continues(self, toks: List[str], i: int) -> bool:
+        """Whether token ``i`` continues the word of token ``i - 1``."""
+        return i > 0 and toks[i - 1].endswith("@@")
+
+    def text(self, toks: List[str]) -> str:
+        return re.sub(r"@@( |$)", "", " ".join(toks)).strip()
 
 
-def make_inputs(bpe_dir: str, out: str, content_mode: str = "separate", lengths=(5, 10, 20), seed: int = 1):
+class Gpt2Pieces:
+    """Word boundaries and text of GPT-2 BPE as fairseq writes it (the BPE ids, ``"1212 318"``):
+    a word starts at a token whose bytes start with a space. ``gpt2_dir``: ``encoder.json`` and
+    ``vocab.bpe`` (fairseq's :func:`~fairseq.data.encoders.gpt2_bpe_utils.get_encoder`)."""
+
+    def __init__(self, gpt2_dir: str):
+        from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+
+        files = [os.path.join(gpt2_dir, f) for f in ("encoder.json", "vocab.bpe")]
+        for f in files:
+            if not os.path.isfile(f):
+                raise DataError(f, 0, "GPT-2 BPE file not found")
+        self.bpe = get_encoder(*files)
+
+    def continues(self, toks: List[str], i: int) -> bool:
+        return i > 0 and toks[i].isdigit() and not self.bpe.decode([int(toks[i])]).startswith(" ")
+
+    def text(self, toks: List[str]) -> str:
+        # symbols that are no BPE id (<unk>, which a sampled output may hold) are kept as written, as
+        # fairseq's GPT2BPE.decode keeps <unk> and <mask>
+        return self.bpe.decode([int(t) if t.isdigit() else t for t in toks]).strip()
+
+    def encode(self, line: str) -> str:
+        return " ".join(map(str, self.bpe.encode(line)))
+
+
+def gpt2_encode(gpt2_dir: str, raw: str, out: str, names: List[str]):
+    """``raw/NAME`` (lower-cased, Moses-tokenized: :func:`prepare_corpus`) -> ``out/NAME`` in
+    GPT-2 BPE ids (fairseq's ``--bpe gpt2`` form, as ``examples/roberta/multiprocessing_bpe_encoder.py``
+    writes it), Moses-detokenized first: GPT-2 was trained on untokenized text."""
+    from sacremoses import MosesDetokenizer
+
+    pieces, detok = Gpt2Pieces(gpt2_dir), MosesDetokenizer(lang="en")
+    ensure_dir(out)
+    for name in names:
+        lines = read_lines(os.path.join(raw, name), "text")
+        write_lines(os.path.join(out, name), (pieces.encode(detok.detokenize(x.split())) for x in lines))
+
+
+def make_inputs(
+    bpe_dir: str, out: str, content_mode: str = "separate", lengths=(5, 10, 20), seed: int = 1, pieces=None
+):
+    """The decoding inputs (module docstring) from ``bpe_dir``'s BPE'd files; ``pieces``: the BPE's
+    word boundaries (:class:`SubwordNmtPieces`, the default, or :class:`Gpt2Pieces`)."""
+    pieces = pieces or SubwordNmtPieces()
     ensure_dir(out)
     concepts_path = f"{bpe_dir}/cg.concepts.txt"
     concepts = read_lines(concepts_path, "BPE'd concepts", allow_empty_lines=False)
     words = [c.split() for c in concepts]
 
     def group(ws: List[str]) -> List[str]:
-        # concept words as BPE'd: a concept is a word and its @@-continued pieces
-        out, cur = [], []
-        for w in ws:
-            cur.append(w)
-            if not w.endswith("@@"):
-                out.append(" ".join(cur))
-                cur = []
-        if cur:
-            out.append(" ".join(cur))
-        return out
+        # concept words as BPE'd: a concept is a word and the pieces that continue it
+        out: List[List[str]] = []
+        for i, w in enumerate(ws):
+            if out and pieces.continues(ws, i):
+                out[-1].append(w)
+            else:
+                out.append([w])
+        return [" ".join(g) for g in out]
 
     sep = " <sep> " if content_mode == "separate" else " "
     write_lines(f"{out}/cg.src", (sep.join(group(ws)) for ws in words))
@@ -139,18 +193,18 @@ def make_inputs(bpe_dir: str, out: str, content_mode: str = "separate", lengths=
                 continue
             i = rng.randint(0, len(toks) - k)
             # do not start or end inside a word
-            while i > 0 and toks[i - 1].endswith("@@"):
+            while pieces.continues(toks, i):
                 i -= 1
-            span = toks[i : i + k]
-            while span and span[-1].endswith("@@"):
-                span = span[:-1]
-            if span:
-                spans.append(" ".join(span))
+            j = i + k
+            while j > i and j < len(toks) and pieces.continues(toks, j):
+                j -= 1
+            if j > i:
+                spans.append(toks[i:j])
         if not spans:
             raise DataError(f"{bpe_dir}/heldout.txt", 0, f"no held-back sentence has {k} tokens")
-        write_lines(f"{out}/ht{k}.src", spans)
-        write_lines(f"{out}/ht{k}.prompt.src", ("<prompt> " + s for s in spans))
-        write_lines(f"{out}/ht{k}.content", (unbpe(s) for s in spans))
+        write_lines(f"{out}/ht{k}.src", (" ".join(s) for s in spans))
+        write_lines(f"{out}/ht{k}.prompt.src", ("<prompt> " + " ".join(s) for s in spans))
+        write_lines(f"{out}/ht{k}.content", (pieces.text(s) for s in spans))
         print(f"ht{k}: {len(spans)} contents of up to {k} BPE tokens")
 
 
@@ -199,53 +253,20 @@ def save_untrained_lm(data: str, path: str, layers: int, dim: int, heads: int, s
     import shutil
 
     import torch
-    from fairseq import checkpoint_utils, options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import tasks
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            data,
-            "--task",
-            "language_modeling",
-            "--arch",
-            "transformer_lm",
-            "--decoder-layers",
-            str(layers),
-            "--decoder-embed-dim",
-            str(dim),
-            "--decoder-ffn-embed-dim",
-            str(4 * dim),
-            "--decoder-attention-heads",
-            str(heads),
-            "--share-decoder-input-output-embed",
-            "--tokens-per-sample",
-            "256",
-            "--seed",
-            str(seed),
-            "--cpu",
-        ],
-    )
+    from ..convert.hf_gpt2 import lm_config, save_lm_checkpoint
+
+    # fmt: off
+    cfg = lm_config(data, [
+        "--decoder-layers", str(layers), "--decoder-embed-dim", str(dim), "--decoder-ffn-embed-dim", str(4 * dim),
+        "--decoder-attention-heads", str(heads), "--share-decoder-input-output-embed", "--tokens-per-sample", "256",
+        "--seed", str(seed),
+    ])
+    # fmt: on
     torch.manual_seed(seed)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    from omegaconf import OmegaConf
-
-    # as fairseq's trainer saves it: a plain container (torch's weights-only loader reads it)
-    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    state = {
-        "cfg": plain,
-        "model": model.state_dict(),
-        "args": None,
-        "optimizer_history": [
-            {"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {"best": None}}
-        ],
-        "extra_state": {"train_iterator": {"epoch": 0, "iterations_in_epoch": 0}},
-        "last_optimizer_state": None,
-    }
-    checkpoint_utils.torch_persistent_save(state, path)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    save_lm_checkpoint(cfg, model, path)
     src, dst = os.path.join(data, "dict.txt"), os.path.join(os.path.dirname(os.path.abspath(path)), "dict.txt")
     if not os.path.exists(dst) or not os.path.samefile(src, dst):
         shutil.copy(src, dst)
@@ -271,12 +292,21 @@ def main(argv=None):
     i.add_argument("--content-mode", choices=["separate", "joined"], default="separate")
     i.add_argument("--content-lengths", default="5,10,20")
     i.add_argument("--seed", type=int, default=1)
+    i.add_argument("--gpt2-bpe", metavar="DIR", help="the BPE is GPT-2's (DIR: encoder.json, vocab.bpe)")
+    g = sub.add_parser("gpt2-bpe", help="encode RAW/FILE... into OUT/FILE... with GPT-2's BPE (fairseq's)")
+    g.add_argument("--gpt2-dir", required=True, help="folder with encoder.json and vocab.bpe")
+    g.add_argument("--raw", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("files", nargs="+")
     a = p.parse_args(argv)
     if a.cmd == "corpus":
         prepare_corpus(a.wikitext, a.commongen, a.webnlg, a.out, a.heldout, a.valid, a.min_len, a.max_len, a.seed)
+    elif a.cmd == "gpt2-bpe":
+        gpt2_encode(a.gpt2_dir, a.raw, a.out, a.files)
     else:
         lengths = [int(x) for x in a.content_lengths.split(",")]
-        make_inputs(a.bpe_dir, a.out, a.content_mode, lengths, a.seed)
+        pieces = Gpt2Pieces(a.gpt2_bpe) if a.gpt2_bpe else None
+        make_inputs(a.bpe_dir, a.out, a.content_mode, lengths, a.seed, pieces)
 
 
 if __name__ == "__main__":

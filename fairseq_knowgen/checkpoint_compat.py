@@ -64,3 +64,30 @@ def allow_fairseq_checkpoints():
 
 
 allow_fairseq_checkpoints()
+
+
+def accept_empty_optimizer_history():
+    """A checkpoint stripped of its training state with ``optimizer_history = []`` (a common way of
+    shrinking a released model, and what a weights-only export may hold) makes fairseq's
+    ``_upgrade_state_dict`` index ``[-1]`` of the empty list (IndexError). It is read as a
+    checkpoint without optimizer history, which fairseq already upgrades (one entry, no optimizer
+    state); everything else is fairseq's own upgrade."""
+    from fairseq import checkpoint_utils
+
+    upgrade = checkpoint_utils._upgrade_state_dict
+    if getattr(upgrade, "_knowgen", False):
+        return
+
+    def _upgrade_state_dict(state):
+        if state.get("optimizer_history") == []:
+            state["optimizer_history"] = [
+                {"criterion_name": "CrossEntropyCriterion", "best_loss": None, "num_updates": 0}
+            ]
+            state.setdefault("last_optimizer_state", None)
+        return upgrade(state)
+
+    _upgrade_state_dict._knowgen = True
+    checkpoint_utils._upgrade_state_dict = _upgrade_state_dict
+
+
+accept_empty_optimizer_history()

@@ -184,3 +184,17 @@ def test_resume_is_exact(tiny_bin, tmp_path):
     ck_a = torch.load(tmp_path / "a" / "checkpoint_last.pt")["model"]
     ck_b = torch.load(tmp_path / "b" / "checkpoint_last.pt")["model"]
     assert all(torch.equal(ck_a[k], ck_b[k]) for k in ck_a)
+
+
+def test_checkpoint_with_empty_optimizer_history_loads(tmp_path):
+    """A checkpoint stripped to ``optimizer_history = []`` loads through fairseq's loader (fairseq alone
+    indexes [-1] of the empty list: IndexError), its weights untouched."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    w = torch.arange(4.0)
+    path = tmp_path / "stripped.pt"
+    torch.save({"model": {"w": w}, "optimizer_history": [], "extra_state": {}}, path)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert torch.equal(state["model"]["w"], w)
+    assert len(state["optimizer_history"]) == 1

@@ -128,3 +128,43 @@ def test_discriminator_gets_no_optimizer_step_on_its_off_updates(random_words, t
             for key, value in opt[0][i].items():
                 if torch.is_tensor(value) and value.numel() > 1:
                     assert torch.equal(value, opt[1][i][key]), (name, key)
+
+
+def test_attention_share_by_hand():
+    """scripts/cocon_attention.py's sums, against a hand computation: one sentence, one head, S = 2
+    content columns then 2 self columns; query 0 sees content 0 and self 0, query 1 everything."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "cocon_attention", pathlib.Path(__file__).resolve().parents[1] / "scripts" / "cocon_attention.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    w = torch.tensor([[[[0.25, 0.0, 0.75, 0.0], [0.1, 0.2, 0.3, 0.4]]]])  # B=1, H=1, T=2, S+L=4
+    counted = torch.tensor([[True, True]])
+    assert mod.head_shares(w, 2, counted).tolist() == pytest.approx([0.25 + 0.3])
+    # visible: query 0 -> 1 content of 2 columns, query 1 -> 2 of 4: 0.5 + 0.5
+    assert float(mod.uniform_share(w, 2, counted)) == pytest.approx(1.0)
+    assert mod.head_shares(w, 2, torch.tensor([[False, True]])).tolist() == pytest.approx([0.3])
+
+
+def test_attention_share_script_reads_a_trained_checkpoint(random_words, tmp_path):
+    """The script runs on a fairseq-train checkpoint and prints shares in [0, 1] per head."""
+    import json
+
+    data, lm = random_words
+    save = tmp_path / "ck"
+    run_cli(
+        "fairseq-train", data, *TRAIN_COMMON, "--task", "cocon_generation", "--arch", "cocon_lm",
+        "--cocon-lm-path", lm, "--cocon-layer", "1", "--criterion", "cocon", "--tokens-per-sample", "64",
+        "--max-update", "2", "--save-dir", save, "--disable-validation", "--max-sentences", "4",
+    )  # fmt: skip
+    out = run_cli(
+        "scripts/cocon_attention.py", "--path", save / "checkpoint_last.pt", "--data", data, "--lm", lm,
+        "--max-sentences", "16",
+    )  # fmt: skip
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["sentences"] >= 16 and res["positions"] > 0
+    assert len(res["own"]) == len(res["other"]) == 2  # the LM's 2 heads
+    assert all(0.0 <= x <= 1.0 for x in res["own"] + res["other"]) and 0.0 < res["uniform"] < 1.0

@@ -669,16 +669,98 @@ def grown_sample(sample: Dict, length: int, keep: int = 0) -> Dict:
 SOURCE_KEYS = ("src_tokens", "src_group", "src_distance", "src_label")
 
 
-# method -> (profile, lengths, what the length is, tokens of each source kept before the repeated part)
+def kbert_injected_sample(sample: Dict, dictionary, injected: int, seed: int = 1) -> Dict:
+    """``sample`` (K-BERT, right-padded sentence trees) rebuilt with ``injected`` KG tokens per
+    sentence: each row's trunk (its ``branch_ids == 0`` tokens) keeps its words, and ``injected / 2``
+    two-token branches (predicate, object: words of the dictionary) hang on its first distinct words,
+    as many per word as needed (at most ``injected / 2`` words; ``injected / 2`` at most the square of the
+    dictionary's words). The trees go through the package's
+    own :func:`~fairseq_knowgen.modules.sentence_tree.build_sentence_tree` and
+    :func:`~fairseq_knowgen.data.kbert_dataset.flatten_trees`, so positions and visibility are the
+    model's real ones."""
+    import random
+
+    import torch
+    from fairseq.data import data_utils
+
+    from .data.kbert_dataset import flatten_trees
+    from .modules.knowledge_graph import KnowledgeGraph
+    from .modules.sentence_tree import build_sentence_tree
+
+    net = sample["net_input"]
+    rng = random.Random(seed)
+    words = [dictionary[i] for i in range(dictionary.nspecial, len(dictionary))]
+    special = {dictionary.bos(), dictionary.eos(), dictionary.pad()}
+    rows = {k: [] for k in ("src_tokens", "soft_positions", "branch_ids", "mention_ids", "segment_ids")}
+    for b in range(net["src_tokens"].size(0)):
+        toks, br = net["src_tokens"][b].tolist(), net["branch_ids"][b].tolist()
+        trunk = [dictionary[t] for t, k in zip(toks, br) if k == 0 and t not in special]
+        subjects = list(dict.fromkeys(trunk))[: max(injected // 2, 1)]
+        # (predicate, object) distinct per subject (the KG keeps a repeated branch once)
+        first = rng.randrange(len(words))
+        triples = [
+            (subjects[i % len(subjects)], words[(first + i) % len(words)], words[(first + i // len(words)) % len(words)])
+            for i in range(injected // 2)
+        ]
+        per_subject = -(-(injected // 2) // len(subjects)) if injected else 1
+        kg = KnowledgeGraph(triples, tokenize=str.split, max_entities=per_subject)
+        tree = build_sentence_tree(trunk, kg if injected else None, once=True)
+        ids, soft, branch, mention, _, _ = flatten_trees([tree], dictionary)
+        for key, value in zip(rows, (ids, soft, branch, mention, [0] * len(ids))):
+            rows[key].append(torch.as_tensor(value, dtype=torch.long))
+    pad = {"src_tokens": dictionary.pad()}
+    new = {k: data_utils.collate_tokens(v, pad.get(k, 0), left_pad=False) for k, v in rows.items()}
+    new["src_lengths"] = torch.tensor([len(v) for v in rows["src_tokens"]])
+    out = dict(sample, net_input=dict(net, **new))
+    out["ntokens"] = int(new["src_tokens"].ne(dictionary.pad()).sum())
+    return out
+
+
+def cocon_grown_samples(sample: Dict, pad: int, content: int, prefix: int = 10) -> Tuple[Dict, Dict]:
+    """CoCon's training and decoding batches with contents of ``content`` tokens: training, every
+    sentence made ``prefix + content`` tokens long (its own tokens repeated, then ``</s>``; the
+    criterion splits it at ``prefix``); decoding, the content alone as the source."""
+    import torch
+
+    net = sample["net_input"]
+    src, lengths = net["src_tokens"], net["src_lengths"]
+    eos = int(sample["target"][0, lengths[0]])
+
+    def repeat(n):  # B x n: each row's tokens, repeated
+        j = torch.arange(n)
+        return src.gather(1, j[None] % lengths.clamp_min(1)[:, None])
+
+    text = repeat(prefix + content)
+    bsz = src.size(0)
+    target = torch.cat([text, torch.full((bsz, 1), eos)], 1)
+    prev = torch.cat([torch.full((bsz, 1), eos), text], 1)
+    train = {
+        "id": sample["id"],
+        "nsentences": bsz,
+        "ntokens": target.numel(),
+        "net_input": {"src_tokens": text, "src_lengths": torch.full_like(lengths, prefix + content),
+                      "prev_output_tokens": prev},
+        "target": target,
+    }
+    decode = dict(train, net_input={"src_tokens": repeat(content), "src_lengths": torch.full_like(lengths, content)},
+                  target=None, ntokens=0)
+    assert not target.eq(pad).any()
+    return train, decode
+
+
+# method -> (profile, lengths, what the length is)
 GROWTH: Dict[str, Tuple[str, List[int], str]] = {
     "copy": ("copy_transformer_small", [8, 32, 128, 512], "source length"),
     "eki": ("eki_transformer", [8, 32, 128, 512], "prototype length (after the concepts and <sep>)"),
+    "kbert": ("kbert_small", [0, 8, 32, 128], "injected KG tokens per sentence (trunk as in the data)"),
+    "cocon": ("cocon_lm", [5, 20, 80], "content length (training: a prefix of 10 tokens, then the content)"),
 }
 
 
 def growth(method: str, opts) -> Dict:
     """Time of one training step and of decoding (beam ``opts.beam``, ``opts.gen_len`` steps) of the same
-    batch with its sources grown to each length of :data:`GROWTH` (:func:`grown_sample`), median of 3."""
+    batch grown along :data:`GROWTH`'s length (sources: :func:`grown_sample`; K-BERT:
+    :func:`kbert_injected_sample`, no decoding; CoCon: :func:`cocon_grown_samples`), median of 3."""
     import torch
     from fairseq.dataclass.configs import GenerationConfig
 
@@ -688,43 +770,70 @@ def growth(method: str, opts) -> Dict:
     prof = profile(name)
     with tempfile.TemporaryDirectory(prefix="knowgen-growth-") as tmp:
         data, extra = make_data(prof.get("data", "triples"), tmp, 200, 40, getattr(opts, "vocab", 0))
-        args = size_args(opts.layers, opts.embed_dim, opts.heads) + extra.get("arch", [])
-        task, model, crit = build(prof, data, args, opts.max_tokens)
+        args = size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
+        task, model, crit = build(prof, data, args + extra.get("arch", []), opts.max_tokens)
         sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_sentences=16, seed=1).next_epoch_itr()))
-    sep = task.source_dictionary.index("<sep>")
+    generator = None
+    if prof.get("generate", True):
+        generator = task.build_generator(
+            [model], GenerationConfig(beam=opts.beam, min_len=opts.gen_len, max_len_a=0, max_len_b=opts.gen_len)
+        )
     keep = 0
     if method == "eki":  # the concepts and <sep> of the shortest source
+        sep = task.source_dictionary.index("<sep>")
         src = sample["net_input"]["src_tokens"]
         keep = int((src == sep).float().argmax(1).sub(src.size(1) - sample["net_input"]["src_lengths"]).min()) + 1
-    generator = task.build_generator(
-        [model], GenerationConfig(beam=opts.beam, min_len=opts.gen_len, max_len_a=0, max_len_b=opts.gen_len)
-    )
     rows = []
     for length in lengths:
-        grown = grown_sample(sample, length + keep + 1, keep)
+        if method == "kbert":
+            train_sample = decode_sample = kbert_injected_sample(sample, task.source_dictionary, length)
+        elif method == "cocon":
+            crit.prefix_len, crit.content_len, crit.len_jitter = 10, length, 0
+            crit.max_content = max(crit.max_content, length)
+            train_sample, decode_sample = cocon_grown_samples(sample, task.source_dictionary.pad(), length)
+        else:
+            train_sample = decode_sample = grown_sample(sample, length + keep + 1, keep)
         train, decode = [], []
         for _ in range(3):
             model.train()
             t0 = time.perf_counter()
-            loss, _, _ = crit(model, grown)
+            loss, _, _ = crit(model, train_sample)
             loss.backward()
             model.zero_grad()
             train.append(time.perf_counter() - t0)
+            if generator is None:
+                continue
             model.eval()
             with torch.no_grad():
                 t0 = time.perf_counter()
-                task.inference_step(generator, [model], grown)
+                task.inference_step(generator, [model], decode_sample)
                 decode.append(time.perf_counter() - t0)
-        rows.append({"length": length, "train_ms": 1e3 * median(train), "decode_ms": 1e3 * median(decode)})
+        row = {"length": length, "train_ms": 1e3 * median(train)}
+        if decode:
+            row["decode_ms"] = 1e3 * median(decode)
+        if method == "kbert":
+            row["tokens_per_sentence"] = train_sample["ntokens"] / sample["nsentences"]
+        rows.append(row)
     return {"method": method, "profile": name, "length": what, "sentences": int(sample["nsentences"]), "rows": rows}
 
 
 def print_growth(res: Dict):
+    """The rows of :func:`growth` as a Markdown table (K-BERT: the tokens per tree instead of decoding), then
+    the JSON."""
+    kbert = res["method"] == "kbert"
     print(f"{res['method']} ({res['profile']}, {res['sentences']} sentences): time against {res['length']}")
-    print("| length | train step ms | decode ms | train ms / length | decode ms / length |")
-    print("|---|---|---|---|---|")
+    if kbert:
+        print("| injected tokens | tokens per tree | train step ms | train ms per tree token x 1000 |")
+    else:
+        print("| length | train step ms | decode ms | train ms / length | decode ms / length |")
+    print("|---|---|---|---|" + ("" if kbert else "---|"))
     for r in res["rows"]:
-        n = r["length"]
-        per = f"{r['train_ms'] / n:.2f} | {r['decode_ms'] / n:.2f}"
-        print(f"| {n} | {r['train_ms']:.0f} | {r['decode_ms']:.0f} | {per} |")
+        n, dec = r["length"], r.get("decode_ms")
+        if kbert:
+            per = 1e3 * r["train_ms"] / (r["tokens_per_sentence"] * res["sentences"])
+            print(f"| {n} | {r['tokens_per_sentence']:.1f} | {r['train_ms']:.0f} | {per:.1f} |")
+            continue
+        cells = [f"{r['train_ms']:.0f}", "-" if dec is None else f"{dec:.0f}"]
+        cells += [f"{r['train_ms'] / n:.2f}", "-" if dec is None else f"{dec / n:.2f}"]
+        print(f"| {n} | " + " | ".join(cells) + " |")
     print(json.dumps(res))

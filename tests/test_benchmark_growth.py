@@ -1,0 +1,56 @@
+"""The inputs ``scripts/benchmark.py --growth kbert|cocon`` times: K-BERT trees with exactly k injected
+tokens per sentence and the sentence kept; CoCon batches with contents of the asked length."""
+
+import torch
+from fairseq.data import Dictionary
+
+from fairseq_knowgen.benchmarking import cocon_grown_samples, kbert_injected_sample
+from fairseq_knowgen.modules.sentence_tree import visible_matrix
+
+
+def kbert_sample(d, sentences):
+    rows = [torch.tensor([d.bos()] + [d.index(w) for w in s.split()] + [d.eos()]) for s in sentences]
+    width = max(len(r) for r in rows)
+    src = torch.full((len(rows), width), d.pad())
+    for i, r in enumerate(rows):
+        src[i, : len(r)] = r
+    zeros = torch.zeros_like(src)
+    net = {"src_tokens": src, "soft_positions": zeros, "branch_ids": zeros, "mention_ids": zeros,
+           "segment_ids": zeros, "src_lengths": torch.tensor([len(r) for r in rows])}  # fmt: skip
+    return {"id": torch.arange(len(rows)), "nsentences": len(rows), "net_input": net, "target": torch.zeros(len(rows))}
+
+
+def test_kbert_trees_carry_exactly_k_injected_tokens_and_keep_the_sentence():
+    d = Dictionary()
+    for w in "a b c d e f g h".split():
+        d.add_symbol(w)
+    sentences = ["a b c d", "e f g h a b c", "h"]
+    sample = kbert_sample(d, sentences)
+    for k in (0, 8, 32):
+        grown = kbert_injected_sample(sample, d, k)
+        net = grown["net_input"]
+        for i, s in enumerate(sentences):
+            real = net["src_tokens"][i].ne(d.pad())
+            branch = net["branch_ids"][i][real]
+            assert int((branch > 0).sum()) == k
+            trunk = [d[t] for t, b in zip(net["src_tokens"][i][real].tolist(), branch.tolist()) if b == 0]
+            assert trunk == ["<s>", *s.split(), "</s>"]
+        # the injected tokens are hidden from every trunk token but their mention's
+        vis = visible_matrix(net["branch_ids"], net["mention_ids"], net["src_tokens"].eq(d.pad()))
+        trunk_q = net["branch_ids"].eq(0) & net["mention_ids"].eq(0) & net["src_tokens"].ne(d.pad())
+        branch_k = net["branch_ids"].gt(0)
+        assert not (vis & trunk_q[:, :, None] & branch_k[:, None, :]).any()
+        assert grown["ntokens"] == sum(len(s.split()) + 2 + k for s in sentences)
+
+
+def test_cocon_batches_have_the_asked_content_length():
+    pad, eos = 1, 2
+    src = torch.tensor([[5, 6, 7], [8, 9, pad]])
+    target = torch.tensor([[5, 6, 7, eos], [8, 9, eos, pad]])
+    sample = {"id": torch.arange(2), "nsentences": 2, "target": target,
+              "net_input": {"src_tokens": src, "src_lengths": torch.tensor([3, 2])}}  # fmt: skip
+    train, decode = cocon_grown_samples(sample, pad, content=5, prefix=4)
+    assert train["target"].tolist() == [[5, 6, 7, 5, 6, 7, 5, 6, 7, eos], [8, 9, 8, 9, 8, 9, 8, 9, 8, eos]]
+    assert train["net_input"]["prev_output_tokens"][:, 0].tolist() == [eos, eos]
+    assert train["net_input"]["prev_output_tokens"][:, 1:].tolist() == train["target"][:, :-1].tolist()
+    assert decode["net_input"]["src_tokens"].tolist() == [[5, 6, 7, 5, 6], [8, 9, 8, 9, 8]]

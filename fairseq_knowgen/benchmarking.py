@@ -551,6 +551,69 @@ def compare(script: str, opts) -> Dict:
     return out
 
 
+def saved_for_backward_bytes(model, criterion, sample) -> Dict[str, int]:
+    """Bytes of one training step, counted from the tensors themselves: what autograd keeps for backward
+    (every tensor packed by ``torch.autograd.graph.saved_tensors_hooks``, each storage once, parameters
+    left out: they exist anyway), and the parameters with their gradients and Adam's two moments
+    (4 x the trainable parameters, plus the frozen ones once). Exact on any device, unlike the process's
+    peak RSS, which at 50,000 types is dominated by the output layer and the allocator."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: Dict[int, int] = {}
+
+    def pack(t):
+        if t.device.type != "meta":
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _, _ = criterion(model, sample)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
+    trainable = nbytes(p for p in model.parameters() if p.requires_grad)
+    frozen = nbytes(p for p in model.parameters() if not p.requires_grad)
+    return {"saved_bytes": sum(seen.values()), "state_bytes": 4 * trainable + frozen}
+
+
+def training_memory(opts) -> Dict:
+    """``--memory``: :func:`saved_for_backward_bytes` of ``--arch`` and of its baseline on the same first
+    training batch (``--max-tokens``), and their ratios."""
+    import torch
+
+    torch.manual_seed(1)
+    own_tmp = None
+    if not opts.data:
+        own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-mem-")
+        opts.data, opts.data_args = make_data(
+            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid,
+            getattr(opts, "vocab", 0), getattr(opts, "real", None),
+        )  # fmt: skip
+    out = {"arch": opts.arch, "max_tokens": opts.max_tokens}
+    for role, prof in (("arch", profile(opts.arch)), ("baseline", baseline_profile(opts.arch, opts.against))):
+        args = size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
+        args += opts.data_args.get("arch" if role == "arch" else "baseline", [])
+        if role == "arch":
+            args += opts.model_args.split()
+        task, model, crit = build(prof, opts.data, args, opts.max_tokens)
+        sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_tokens=opts.max_tokens, seed=1)
+                           .next_epoch_itr(shuffle=False)))  # fmt: skip
+        res = saved_for_backward_bytes(model, crit, sample)
+        out[f"{role}_profile"] = prof.get("name", prof["arch"])
+        out[f"{role}_saved_mb"] = round(res["saved_bytes"] / 2**20, 1)
+        out[f"{role}_total_mb"] = round((res["saved_bytes"] + res["state_bytes"]) / 2**20, 1)
+        out[f"{role}_ntokens"] = int(sample["ntokens"])
+    if own_tmp is not None:
+        own_tmp.cleanup()
+    out["saved_ratio"] = round(out["arch_saved_mb"] / out["baseline_saved_mb"], 3)
+    out["total_ratio"] = round(out["arch_total_mb"] / out["baseline_total_mb"], 3)
+    return out
+
+
 def median(xs: List[float]) -> float:
     xs = sorted(xs)
     n = len(xs)

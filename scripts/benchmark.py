@@ -27,6 +27,7 @@ At the sizes users run (``docs/benchmarks.md``)::
     python scripts/benchmark.py --size base --arch copy_transformer --against transformer_pointer_generator
     python scripts/benchmark.py --size base --arch all --device cuda          # every profile, one table
     python scripts/benchmark.py --growth copy                                 # time per step against length
+    python scripts/benchmark.py --size base --arch transformer_dimattn --model-args "--dimattn-layers all" --memory
 """
 
 import argparse
@@ -76,6 +77,12 @@ def get_parser():
         help="measure against this profiled arch (same sizes, the arch's data) instead of the profile's baseline, "
         "e.g. --arch copy_transformer_small --against transformer_pointer_generator (fairseq's own copy model)",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="instead of timings: the bytes one training step keeps for backward, and parameters + gradients + "
+        "Adam moments, of --arch and its baseline on the same batch (exact, in-process)",
+    )
     p.add_argument("--quick", action="store_true", help="small workload: under a minute on 2 cores")
     p.add_argument("--data", help="binarized data directory (default: synthetic)")
     p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers (both models)")
@@ -121,6 +128,9 @@ def main():
         opts.real, opts.data = (os.path.abspath(opts.data), opts.real_set), None
     if opts.growth:
         benchmarking.print_growth(benchmarking.growth(opts.growth, opts))
+        return
+    if opts.memory:
+        print(json.dumps(benchmarking.training_memory(opts)))
         return
     if opts.arch == "all":
         benchmarking.print_table(os.path.abspath(__file__), opts)

@@ -54,3 +54,20 @@ def test_cocon_batches_have_the_asked_content_length():
     assert train["net_input"]["prev_output_tokens"][:, 0].tolist() == [eos, eos]
     assert train["net_input"]["prev_output_tokens"][:, 1:].tolist() == train["target"][:, :-1].tolist()
     assert decode["net_input"]["src_tokens"].tolist() == [[5, 6, 7, 5, 6], [8, 9, 8, 9, 8]]
+
+
+def test_saved_for_backward_bytes_by_hand():
+    """``--memory``'s count: exp(x W) keeps x (for W's gradient; W itself is a parameter, left out) and
+    exp's output: 4 x 8 + 4 x 3 float32 = 176 bytes; state: W (8 x 3) x 4 (value, gradient, 2 Adam moments)."""
+    from fairseq_knowgen.benchmarking import saved_for_backward_bytes
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 3))
+
+    def criterion(model, sample):
+        return torch.exp(sample @ model.w).sum(), 1, {}
+
+    res = saved_for_backward_bytes(Model(), criterion, torch.randn(4, 8))
+    assert res == {"saved_bytes": 4 * (4 * 8 + 4 * 3), "state_bytes": 4 * 4 * 8 * 3}

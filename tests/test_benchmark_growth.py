@@ -57,7 +57,7 @@ def test_cocon_batches_have_the_asked_content_length():
 
 
 def test_saved_for_backward_bytes_by_hand():
-    """``--memory``'s count: exp(x W) keeps x (for W's gradient; W itself is a parameter, left out) and
+    """``--memory``'s count: exp(x W) keeps x and W (W is a parameter, left out) and
     exp's output: 4 x 8 + 4 x 3 float32 = 176 bytes; state: W (8 x 3) x 4 (value, gradient, 2 Adam moments)."""
     from fairseq_knowgen.benchmarking import saved_for_backward_bytes
 
@@ -69,5 +69,6 @@ def test_saved_for_backward_bytes_by_hand():
     def criterion(model, sample):
         return torch.exp(sample @ model.w).sum(), 1, {}
 
-    res = saved_for_backward_bytes(Model(), criterion, torch.randn(4, 8))
+    # x needs a gradient too, so the product keeps W as well: the count must leave it out
+    res = saved_for_backward_bytes(Model(), criterion, torch.randn(4, 8, requires_grad=True))
     assert res == {"saved_bytes": 4 * (4 * 8 + 4 * 3), "state_bytes": 4 * 4 * 8 * 3}

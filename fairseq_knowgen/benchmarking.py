@@ -203,14 +203,27 @@ def size_args(layers: int, dim: int, heads: int, ffn_mult: int = 4, sizes: str =
     return flags
 
 
-def make_data(kind: str, workdir: str, n_train: int, n_valid: int, vocab: int = 0, real: Optional[Tuple] = None):
+def make_data(
+    kind: str,
+    workdir: str,
+    n_train: int,
+    n_valid: int,
+    vocab: int = 0,
+    real: Optional[Tuple] = None,
+    sizes: Optional[Tuple[int, int, int]] = None,
+):
     """``(data_dir, {"arch": [...], "baseline": [...]})`` for a profile's ``data`` entry (``vocab``, ``real``:
-    see :func:`make_synthetic_data`; the built-in sets only)."""
+    see :func:`make_synthetic_data`; the built-in sets only). ``sizes`` (layers, width, heads) goes to a data
+    function that takes a ``sizes`` argument (CoCon's, whose frozen LM comes with its data)."""
     if ":" not in kind:
         return make_synthetic_data(workdir, n_train, n_valid, kind, vocab, real), {}
     if vocab:
         raise ValueError(f"--vocab pads the built-in synthetic data only, not {kind}")
-    out = _function(kind)(workdir, n_train, n_valid)
+    import inspect
+
+    function = _function(kind)
+    extra = {"sizes": sizes} if sizes and "sizes" in inspect.signature(function).parameters else {}
+    out = function(workdir, n_train, n_valid, **extra)
     return out if isinstance(out, tuple) else (out, {})
 
 
@@ -502,6 +515,7 @@ def compare(script: str, opts) -> Dict:
             opts.n_valid,
             getattr(opts, "vocab", 0),
             getattr(opts, "real", None),
+            (opts.layers, opts.embed_dim, opts.heads) if getattr(opts, "size", None) else None,
         )
     runs = {"arch": [], "base": []}
     order = []

@@ -72,3 +72,20 @@ def test_saved_for_backward_bytes_by_hand():
     # x needs a gradient too, so the product keeps W as well: the count must leave it out
     res = saved_for_backward_bytes(Model(), criterion, torch.randn(4, 8, requires_grad=True))
     assert res == {"saved_bytes": 4 * (4 * 8 + 4 * 3), "state_bytes": 4 * 4 * 8 * 3}
+
+
+def data_with_sizes(workdir, n_train, n_valid, sizes=None):
+    return workdir, {"arch": [str(sizes)], "baseline": []}
+
+
+def data_without_sizes(workdir, n_train, n_valid):
+    return workdir
+
+
+def test_make_data_passes_sizes_to_a_data_function_that_takes_them():
+    """--size base reaches CoCon's data function (its frozen LM is made with the data); others are called as before."""
+    from fairseq_knowgen.benchmarking import make_data
+
+    assert make_data("test_benchmark_growth:data_with_sizes", "d", 1, 1, sizes=(6, 512, 8))[1]["arch"] == ["(6, 512, 8)"]
+    assert make_data("test_benchmark_growth:data_with_sizes", "d", 1, 1)[1]["arch"] == ["None"]
+    assert make_data("test_benchmark_growth:data_without_sizes", "d", 1, 1, sizes=(6, 512, 8)) == ("d", {})

@@ -208,12 +208,13 @@ def make_inputs(
         print(f"ht{k}: {len(spans)} contents of up to {k} BPE tokens")
 
 
-def make_benchmark_data(workdir: str, n_train: int, n_valid: int):
+def make_benchmark_data(workdir: str, n_train: int, n_valid: int, sizes=None):
     """A tiny binarized CoCon data set and a frozen ``transformer_lm`` for ``scripts/benchmark.py``.
 
     Writes ``workdir/bin`` (sentences from :mod:`fairseq_knowgen.demo_data`'s targets, binarized
     with ``fairseq-preprocess --only-source``) and ``workdir/bin/lm.pt``: an untrained
-    ``transformer_lm`` (4 layers, 128 wide, 4 heads, FFN 512), saved in fairseq's checkpoint format
+    ``transformer_lm`` (4 layers, 128 wide, 4 heads, FFN 512; ``sizes`` = (layers, width, heads) instead, as
+    ``scripts/benchmark.py --size base`` passes them, the block after layer layers // 2), saved in fairseq's checkpoint format
     with its ``dict.txt`` beside it. Returns ``(data_dir, {"arch": [...], "baseline": [...]})`` as
     :func:`fairseq_knowgen.benchmarking.make_data` takes it: both sides get ``--cocon-lm-path`` and
     ``--cocon-layer 2``. Four layers, not the benchmark's default two: CoCon adds one layer to
@@ -242,8 +243,9 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int):
         check=True,
         capture_output=True,
     )
-    lm = save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=4, dim=128, heads=4)
-    lm_args = ["--cocon-lm-path", lm, "--cocon-layer", "2"]
+    layers, dim, heads = sizes or (4, 128, 4)
+    lm = save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=layers, dim=dim, heads=heads)
+    lm_args = ["--cocon-lm-path", lm, "--cocon-layer", str(layers // 2)]
     return out, {"arch": lm_args, "baseline": lm_args}
 
 

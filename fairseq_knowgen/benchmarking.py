@@ -500,23 +500,32 @@ def run_worker_process(script: str, baseline: bool, opts) -> Dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def profile_data(opts):
+    """Unless ``--data`` was given, make ``--arch``'s profile data in a temporary folder and set ``opts.data``,
+    ``opts.data_args``; returns that folder (to clean up) or None. With ``--size`` a profile with its own data
+    keeps its own (no vocabulary padding, no real set) but gets the preset's sizes (CoCon's frozen LM)."""
+    if opts.data:
+        return None
+    kind = PROFILES[opts.arch].get("data", "triples")
+    sized = getattr(opts, "size", None)
+    if ":" in kind and sized:
+        opts.vocab, opts.real = 0, None
+    own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
+    opts.data, opts.data_args = make_data(
+        kind,
+        own_tmp.name,
+        opts.n_train,
+        opts.n_valid,
+        getattr(opts, "vocab", 0),
+        getattr(opts, "real", None),
+        (opts.layers, opts.embed_dim, opts.heads) if sized else None,
+    )
+    return own_tmp
+
+
 def compare(script: str, opts) -> Dict:
     """Interleave workers A B B A (x rounds/2) and return the summary dict."""
-    own_tmp = None
-    if not opts.data:
-        kind = PROFILES[opts.arch].get("data", "triples")
-        if ":" in kind and getattr(opts, "size", None):  # --size: a profile with its own data keeps its own
-            opts.vocab, opts.real = 0, None
-        own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-bench-")
-        opts.data, opts.data_args = make_data(
-            PROFILES[opts.arch].get("data", "triples"),
-            own_tmp.name,
-            opts.n_train,
-            opts.n_valid,
-            getattr(opts, "vocab", 0),
-            getattr(opts, "real", None),
-            (opts.layers, opts.embed_dim, opts.heads) if getattr(opts, "size", None) else None,
-        )
+    own_tmp = profile_data(opts)
     runs = {"arch": [], "base": []}
     order = []
     for r in range(opts.rounds):
@@ -597,22 +606,18 @@ def saved_for_backward_bytes(model, criterion, sample) -> Dict[str, int]:
 def training_memory(opts) -> Dict:
     """``--memory``: :func:`saved_for_backward_bytes` of ``--arch`` and of its baseline on the same first
     training batch (``--max-tokens``), and their ratios."""
+    import shlex
+
     import torch
 
     torch.manual_seed(1)
-    own_tmp = None
-    if not opts.data:
-        own_tmp = tempfile.TemporaryDirectory(prefix="knowgen-mem-")
-        opts.data, opts.data_args = make_data(
-            PROFILES[opts.arch].get("data", "triples"), own_tmp.name, opts.n_train, opts.n_valid,
-            getattr(opts, "vocab", 0), getattr(opts, "real", None),
-        )  # fmt: skip
+    own_tmp = profile_data(opts)
     out = {"arch": opts.arch, "max_tokens": opts.max_tokens}
     for role, prof in (("arch", profile(opts.arch)), ("baseline", baseline_profile(opts.arch, opts.against))):
         args = size_args(opts.layers, opts.embed_dim, opts.heads, sizes=prof.get("sizes", "seq2seq"))
         args += opts.data_args.get("arch" if role == "arch" else "baseline", [])
         if role == "arch":
-            args += opts.model_args.split()
+            args += shlex.split(opts.model_args)
         task, model, crit = build(prof, opts.data, args, opts.max_tokens)
         sample = next(iter(task.get_batch_iterator(task.dataset("train"), max_tokens=opts.max_tokens, seed=1)
                            .next_epoch_itr(shuffle=False)))  # fmt: skip

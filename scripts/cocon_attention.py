@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fairseq_knowgen.textio import cli_entry  # noqa: E402
+from fairseq_knowgen.textio import DataError, cli_entry  # noqa: E402
 
 
 def head_shares(weights: torch.Tensor, S: int, counted: torch.Tensor) -> torch.Tensor:
@@ -60,6 +60,11 @@ def main(argv=None):
     ap.add_argument("--max-sentences", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=2048)
     args = ap.parse_args(argv)
+    for path, what in ((args.path, "CoCon checkpoint"), (args.lm, "frozen LM checkpoint")):
+        if not os.path.isfile(path):
+            raise DataError(path, 0, f"no {what} here")
+    if not os.path.isfile(os.path.join(args.data, "dict.txt")):
+        raise DataError(os.path.join(args.data, "dict.txt"), 0, "no dictionary: --data is the binarized bin/lm folder")
 
     from fairseq import checkpoint_utils, utils
 

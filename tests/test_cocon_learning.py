@@ -168,3 +168,13 @@ def test_attention_share_script_reads_a_trained_checkpoint(random_words, tmp_pat
     assert res["sentences"] >= 16 and res["positions"] > 0
     assert len(res["own"]) == len(res["other"]) == 2  # the LM's 2 heads
     assert all(0.0 <= x <= 1.0 for x in res["own"] + res["other"]) and 0.0 < res["uniform"] < 1.0
+
+
+def test_attention_share_script_names_a_missing_checkpoint(tmp_path):
+    """A wrong --path ends with exit 2 and the path, not a traceback from fairseq's loader."""
+    proc = run_cli(
+        "scripts/cocon_attention.py", "--path", tmp_path / "none.pt", "--data", tmp_path, "--lm", tmp_path / "lm.pt",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and f"{tmp_path / 'none.pt'}: no CoCon checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -280,6 +280,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
             activation=lm_activation(lm),
             content_kv=args.cocon_content_kv,
             content_kv_init=args.cocon_content_kv_init,
+            content_prev_key=bool(args.cocon_content_prev_key),
         )
         self.lm_vocab = lm.output_projection.out_features
         self.bypass = False
@@ -464,6 +465,13 @@ class CoConModel(FairseqEncoderDecoderModel):
             choices=CONTENT_KV_INIT,
             help="separate content K/V start fresh (default) or as copies of the text's",
         )
+        parser.add_argument(
+            "--cocon-content-prev-key",
+            type=int,
+            choices=[0, 1],
+            help="1: each content key also reads the previous content column (K_j += h_{j-1} W'; a step whose "
+            "token is c_{j-1} can then find column j in one layer); default 0",
+        )
         parser.add_argument("--cocon-disc-dim", type=int, metavar="N", help="hidden size of the discriminator")
 
     @classmethod
@@ -541,6 +549,7 @@ def cocon_lm_architecture(args):
     # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
     args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"
     args.cocon_content_kv_init = getattr(args, "cocon_content_kv_init", None) or "fresh"
+    args.cocon_content_prev_key = getattr(args, "cocon_content_prev_key", None) or 0
 
 
 @register_model_architecture("cocon_lm", "cocon_lm_small")

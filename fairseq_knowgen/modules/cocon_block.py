@@ -94,6 +94,7 @@ class CoConAttention(nn.Module):
         dropout: float = 0.0,
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
+        content_prev_key: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads:
@@ -122,6 +123,10 @@ class CoConAttention(nn.Module):
                     nn.init.xavier_uniform_(mine.weight, gain=1 / math.sqrt(2))
                     nn.init.zeros_(mine.bias)
 
+        if content_prev_key:  # W^(c)_k' on the left neighbour's state: created only when used
+            self.content_prev_k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+            nn.init.zeros_(self.content_prev_k_proj.weight)
+
     def share_content_kv(self):
         """Turn a ``separate`` attention into ``shared`` (its content projections dropped): how a
         checkpoint from before ``content_kv`` existed is read."""
@@ -140,6 +145,9 @@ class CoConAttention(nn.Module):
             (self.content_k_proj, self.content_v_proj) if self.content_kv_mode == "separate" else (self.k_proj, self.v_proj)
         )
         k, v = self._heads(k_proj(content)), self._heads(v_proj(content))
+        prev = getattr(self, "content_prev_k_proj", None)
+        if prev is not None:  # K_j += h_{j-1} W'  (h_{-1} = 0)
+            k = k + self._heads(prev(F.pad(content[:-1], (0, 0, 0, 0, 1, 0))))
         col = content.new_zeros(B, S) if content_bias is None else content_bias.to(content.dtype)
         if content_padding_mask is not None:
             col = col.masked_fill(content_padding_mask, float("-inf"))
@@ -308,13 +316,14 @@ class CoConBlock(nn.Module):
         activation: str = "gelu",
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
+        content_prev_key: bool = False,
     ):
         super().__init__()
         from fairseq import utils
 
         self.activation_fn = utils.get_activation_fn(activation)
         self.attn_layer_norm = nn.LayerNorm(embed_dim)
-        self.attn = CoConAttention(embed_dim, num_heads, attention_dropout, content_kv, content_kv_init)
+        self.attn = CoConAttention(embed_dim, num_heads, attention_dropout, content_kv, content_kv_init, content_prev_key)
         self.ffn_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)

@@ -3,7 +3,7 @@ configurations, on the set-up of ``tests/test_cocon_learning.py`` (random-word s
 types, a frozen untrained 2-layer 32-wide transformer_lm, L_self and L_null only, no content
 mask, Adam 3e-3, 16 sentences a step).
 
-    python scripts/cocon_toy_probe.py [STEPS] ["[(content_kv, init, split, zero_init, jitter), ...]"]
+    python scripts/cocon_toy_probe.py [STEPS] ["[(content_kv, init, split, zero_init, jitter, prev_key), ...]"]
 
 Prints one Markdown row per configuration: L_self, L_null, the gap, seconds. A measurement tool
 for docs/methods/cocon.md, not a test.
@@ -23,12 +23,16 @@ os.chdir(ROOT)
 import test_cocon_learning as setup  # noqa: E402  (the test's data and training loop)
 
 DEFAULT = [
-    ("separate", "fresh", "fixed", "0", 2),
-    ("separate", "copy", "fixed", "0", 2),
-    ("shared", "fresh", "fixed", "0", 2),
-    ("separate", "fresh", "uniform", "0", 2),
-    ("separate", "fresh", "fixed", "1", 2),
-    ("separate", "fresh", "fixed", "0", 0),
+    (kv, init, split, zero, jitter, prev_key)
+    for prev_key in ("1", "0")
+    for kv, init, split, zero, jitter in [
+        ("separate", "fresh", "fixed", "0", 2),
+        ("separate", "copy", "fixed", "0", 2),
+        ("shared", "fresh", "fixed", "0", 2),
+        ("separate", "fresh", "uniform", "0", 2),
+        ("separate", "fresh", "fixed", "1", 2),
+        ("separate", "fresh", "fixed", "0", 0),
+    ]
 ]
 
 
@@ -43,13 +47,14 @@ def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     configs = ast.literal_eval(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT
     data = setup.random_words.__wrapped__(TmpDirs())
-    print("| content K/V | init | split | zero start | jitter J | L_self | L_null | gap | s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for kv, init, split, zero, jitter in configs:
+    print("| content K/V | init | split | zero start | jitter J | prev key | L_self | L_null | gap | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kv, init, split, zero, jitter, prev_key in configs:
         t0 = time.time()
-        extra = ("--cocon-content-kv-init", init, "--cocon-zero-init", zero)
+        extra = ("--cocon-content-kv-init", init, "--cocon-zero-init", zero, "--cocon-content-prev-key", prev_key)
         s, n = setup.self_null_gap(data, kv, steps, *extra, split=split, jitter=jitter)
-        print(f"| {kv} | {init} | {split} | {zero} | {jitter} | {s:.3f} | {n:.3f} | {n - s:.3f} | {time.time() - t0:.0f} |")
+        row = f"| {kv} | {init} | {split} | {zero} | {jitter} | {prev_key} | {s:.3f} | {n:.3f} | {n - s:.3f}"
+        print(f"{row} | {time.time() - t0:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,9 @@ def hand_attention(attn, x, c, tau=None, pad=None):
     content_proj = (attn.content_k_proj, attn.content_v_proj) if attn.content_kv_mode == "separate" else text[0]
     inputs = ([] if c is None else [c[s, 0] for s in range(S)]) + [x[t, 0] for t in range(T)]
     kv = [(k.weight @ v_in + k.bias, v.weight @ v_in + v.bias) for (k, v), v_in in zip([content_proj] * S + text, inputs)]
+    prev = getattr(attn, "content_prev_k_proj", None)
+    for j in range(1, S if prev is not None else 0):  # --cocon-content-prev-key: K_j += W' h_{j-1} (nothing at j = 0)
+        kv[j] = (kv[j][0] + prev.weight @ c[j - 1, 0], kv[j][1])
     out = []
     for i in range(T):
         q = Wq @ x[i, 0] + bq
@@ -91,10 +94,10 @@ def hand_attention(attn, x, c, tau=None, pad=None):
 
 
 @pytest.mark.parametrize("tau", [None, [0.0, 0.0, 0.0], [2.0, -1.0, 5.0]])
-@pytest.mark.parametrize("content_kv", ["separate", "shared"])
-def test_attention_over_content_and_causal_self_by_hand(tau, content_kv):
+@pytest.mark.parametrize("content_kv,prev_key", [("separate", False), ("shared", False), ("separate", True)])
+def test_attention_over_content_and_causal_self_by_hand(tau, content_kv, prev_key):
     torch.manual_seed(0)
-    attn = CoConAttention(4, 1, content_kv=content_kv).double()
+    attn = CoConAttention(4, 1, content_kv=content_kv, content_prev_key=prev_key).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p)
     x, c = torch.randn(3, 1, 4).double(), torch.randn(3, 1, 4).double()
@@ -300,8 +303,11 @@ def test_content_states_do_not_depend_on_batch_padding(cocon_data):
 # -- incremental decoding ---------------------------------------------------------------------------------------
 
 
-def test_incremental_equals_full_decoding_with_several_contents_and_tau(cocon_data):
-    task, model = build(cocon_data)
+@pytest.mark.parametrize("prev_key", [False, True])
+def test_incremental_equals_full_decoding_with_several_contents_and_tau(cocon_data, prev_key):
+    task, model = build(cocon_data, *(["--cocon-content-prev-key", "1"] if prev_key else []))
+    if prev_key:  # it starts at zero: make it count
+        torch.nn.init.normal_(model.decoder.block.attn.content_prev_k_proj.weight)
     d = task.target_dictionary
     sep = d.index("<sep>")
     src = torch.tensor([[4, 5, sep, 6, 7, 8], [9, 10, 11, 1, 1, 1], [12, sep, 13, sep, 14, 1]])
@@ -773,6 +779,27 @@ def test_checkpoint_from_before_the_content_kv_flag_loads_as_shared(cocon_data, 
     model = checkpoint_utils.load_model_ensemble([str(path)])[0][0].eval()
     assert model.decoder.block.attn.content_kv_mode == "shared"
     assert not hasattr(model.decoder.block.attn, "content_k_proj")
+    assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
+
+
+def test_checkpoint_from_before_the_prev_key_flag_loads_without_it(cocon_data, cocon_ckpt, tmp_path):
+    """A checkpoint saved before --cocon-content-prev-key existed (no such attribute, no W') loads strictly
+    with one-column keys and the flag recorded as 0; today's checkpoints carry W' (the default)."""
+    from fairseq import checkpoint_utils
+
+    state = torch.load(cocon_ckpt, weights_only=False)
+    assert state["cfg"]["model"].cocon_content_prev_key == 1
+    assert any(".content_prev_k_proj." in k for k in state["model"])
+    old = dict(state)
+    old["model"] = {k: v for k, v in state["model"].items() if ".content_prev_k_proj." not in k}
+    old["cfg"]["model"] = argparse.Namespace(
+        **{k: v for k, v in vars(state["cfg"]["model"]).items() if k != "cocon_content_prev_key"}
+    )
+    path = tmp_path / "old.pt"
+    torch.save(old, path)
+    model = checkpoint_utils.load_model_ensemble([str(path)])[0][0].eval()
+    assert not hasattr(model.decoder.block.attn, "content_prev_k_proj")
+    assert model.args.cocon_content_prev_key == 0
     assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
 
 

@@ -17,7 +17,9 @@ Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`
   ``--cocon-ffn-dim``, ``--cocon-dropout``, ``--cocon-attention-dropout``, ``--cocon-zero-init``,
   ``--cocon-content-kv {separate,shared}`` and ``--cocon-content-kv-init {fresh,copy}`` (the
   content's own key/value projections, as the authors' code, or the text's; checkpoints saved
-  before the flag existed load as ``shared``).
+  before the flag existed load as ``shared``), ``--cocon-content-prev-key {1,0}`` (content keys
+  that also read the previous content column, default 1, beyond the paper; checkpoints saved
+  before the flag existed load with 0).
   ``dec`` receives the block's output h' at every position, prompt included (a choice of this
   implementation: Eq. 7 writes ``o~_t = dec([h_{:t-2}; h'_{t-1}])``, the block's output at t-1
   "concatenated to the representations before t-1", so positions before t-1 keep the LM's h:
@@ -451,8 +453,9 @@ class CoConModel(FairseqEncoderDecoderModel):
             "--cocon-zero-init",
             type=int,
             choices=[0, 1],
-            help="1: the block's output projections start at zero (CoCon starts as the LM, but learns to read its "
-            "content several hundred updates later); default 0",
+            help="1: the block's output projections start at zero (CoCon starts as the LM, but no gradient reaches "
+            "the attention until W_o has grown: in the toy probe it learned to read its content within 800 updates "
+            "at one seed of three); default 0",
         )
         parser.add_argument(
             "--cocon-content-kv",
@@ -469,8 +472,9 @@ class CoConModel(FairseqEncoderDecoderModel):
             "--cocon-content-prev-key",
             type=int,
             choices=[0, 1],
-            help="1: each content key also reads the previous content column (K_j += h_{j-1} W'; a step whose "
-            "token is c_{j-1} can then find column j in one layer); default 0",
+            help="1 (default): each content key also reads the previous content column (K_j += h_{j-1} W', W' "
+            "starting at zero), so that a step whose token is c_{j-1} can find column j in one layer; 0: the "
+            "authors' keys, which rely on the LM's lower layers for that",
         )
         parser.add_argument("--cocon-disc-dim", type=int, metavar="N", help="hidden size of the discriminator")
 
@@ -512,14 +516,19 @@ class CoConModel(FairseqEncoderDecoderModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """A checkpoint saved before ``--cocon-content-kv`` existed has no content key/value projections:
-        its block used the text's (``shared``). The block is switched to that before the weights load
-        (and the flag recorded, so that a checkpoint saved again says so)."""
+        its block used the text's (``shared``); one saved before ``--cocon-content-prev-key`` has no
+        W' (its keys read one column). The block is switched to that before the weights load (and the
+        flags recorded, so that a checkpoint saved again says so)."""
         prefix = (name + "." if name else "") + "decoder.block.attn."
         has_text = prefix + "k_proj.weight" in state_dict
         has_content = any(k.startswith(prefix + "content_k_proj.") for k in state_dict)
         if has_text and not has_content and self.decoder.block.attn.content_kv_mode == "separate":
             self.decoder.block.attn.share_content_kv()
             self.args.cocon_content_kv = "shared"
+        has_prev = any(k.startswith(prefix + "content_prev_k_proj.") for k in state_dict)
+        if has_text and not has_prev and hasattr(self.decoder.block.attn, "content_prev_k_proj"):
+            self.decoder.block.attn.drop_content_prev_key()
+            self.args.cocon_content_prev_key = 0
         super().upgrade_state_dict_named(state_dict, name)
 
     def trainable_parameters(self):
@@ -549,7 +558,9 @@ def cocon_lm_architecture(args):
     # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
     args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"
     args.cocon_content_kv_init = getattr(args, "cocon_content_kv_init", None) or "fresh"
-    args.cocon_content_prev_key = getattr(args, "cocon_content_prev_key", None) or 0
+    # (a checkpoint saved before this flag existed has no W': upgrade_state_dict_named turns it off as it loads)
+    prev_key = getattr(args, "cocon_content_prev_key", None)
+    args.cocon_content_prev_key = 1 if prev_key is None else prev_key
 
 
 @register_model_architecture("cocon_lm", "cocon_lm_small")

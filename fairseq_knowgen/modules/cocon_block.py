@@ -15,6 +15,7 @@ transformer layer (Eq. 5-7)::
 
     Q = LN(h) W_q,  K = LN(h) W_k,  V = LN(h) W_v                    (t-1) x d
     K^(c) = h^(c) W^(c)_k,  V^(c) = h^(c) W^(c)_v                    l_c x d   (content_kv="separate")
+    K^(c)_j += h^(c)_{j-1} W'   (h^(c)_{-1} = 0)                                (content_prev_key)
     K^(c) = LN(h^(c)) W_k,  V^(c) = LN(h^(c)) W_v                    l_c x d   (content_kv="shared")
     W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6; tau: W_{:,:l_c} only)
     A = softmax(W) [V^(c); V]                                        (Eq. 6)
@@ -38,6 +39,24 @@ Content keys/values (``content_kv``; the paper only says they "are also computed
 - ``shared``: the text's W_k, W_v and LayerNorm on the content too (this package's first
   version; its checkpoints, which have no content projections, load as ``shared``).
 
+``content_prev_key`` (default on; beyond the paper and the authors' code): every content key
+also reads the previous content column through a map W' of its own (no bias, starting at zero, so
+the block starts as without it). Why: in self-reconstruction the step predicting c_j has the token
+c_{j-1} as input, so the column to read is the one *after* the column holding c_{j-1}. With the
+authors' split the prefix length varies by +-J, so position alone does not say which column that
+is (the text does not show where x^a ends); the step must find it by content, which one attention
+layer can do only if column j's key says "my predecessor is c_{j-1}" (an induction head's
+previous-token step). The authors' GPT-2 supplies that in its lower layers; a small LM trained
+from scratch, or an untrained one, hardly does, and the block's one layer cannot build it. W' gives
+the key that previous-token view directly. Measured on the issue's toy check
+(``shared/checks/cocon-reads-content.sh``: random words, an LM that cannot predict them, the
+defaults but no content mask, 400 updates): the self/null gap 5.1% of L_null without W', 27.3%
+with it (24.3% without W' but with the split's jitter at 0, where position does say which column).
+With the aligned content mask (the default in training) the column after c_{j-1} is the hidden
+one, so W' cannot copy the next token there; see ``docs/results/cocon.md`` for real text. Several
+contents are concatenated, so the first column of a later content reads the last of the earlier.
+Checkpoints saved before the flag existed load without W'.
+
 ``content_kv_init`` (separate only): ``fresh`` (default: Xavier, as the text projections start;
 the better of the two in that probe) or ``copy`` (copies of W_k, W_v at construction). ``dec`` then receives h' (Eq. 7); at which positions it
 receives h' rather than h is the model's business (:mod:`fairseq_knowgen.models.cocon`).
@@ -53,8 +72,10 @@ self part only.
 With ``zero_init`` the output projections W_o and the FFN's last layer start at zero, so that
 h' = h and CoCon starts as the plain LM (a choice of this implementation, flag
 ``--cocon-zero-init 1``; not the default: with W_o = 0 no gradient reaches the attention until
-W_o has grown, and in the toy probe above the self/null gap after 400 steps was 0.05 nats with
-the zero start against 0.38 without, 0.30 against 0.55 after 800; fixed split with J = 2).
+W_o has grown, and in the toy probe above (fixed split, J = 2, one-column keys) the self/null gap
+after 400 steps was 0.05 nats with the zero start against 0.38 without, 0.30 against 0.55 after
+800 at torch seed 1, but 0.00 after 800 at seeds 2 and 3; with the previous-column keys 0.001
+against 1.32 after 400 steps; ``docs/methods/cocon.md``).
 
 Incremental decoding (fairseq's ``incremental_state``): the content keys/values and the
 content bias are computed on the first call and cached; each later call adds the new step's
@@ -94,7 +115,7 @@ class CoConAttention(nn.Module):
         dropout: float = 0.0,
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
-        content_prev_key: bool = False,
+        content_prev_key: bool = True,
     ):
         super().__init__()
         if embed_dim % num_heads:
@@ -126,6 +147,11 @@ class CoConAttention(nn.Module):
         if content_prev_key:  # W^(c)_k' on the left neighbour's state: created only when used
             self.content_prev_k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
             nn.init.zeros_(self.content_prev_k_proj.weight)
+
+    def drop_content_prev_key(self):
+        """Turn keys that read the previous column into one-column keys (W' dropped): how a checkpoint
+        from before ``content_prev_key`` existed is read."""
+        del self.content_prev_k_proj
 
     def share_content_kv(self):
         """Turn a ``separate`` attention into ``shared`` (its content projections dropped): how a
@@ -303,6 +329,7 @@ class CoConBlock(nn.Module):
         activation: the FFN's activation (fairseq's names; the model passes the LM's own)
         content_kv: ``separate`` (the content's own K/V projections, no LayerNorm) or ``shared``
         content_kv_init: ``fresh`` or ``copy`` (separate only; see the module docstring)
+        content_prev_key: content keys also read the previous content column (W'; module docstring)
     """
 
     def __init__(
@@ -316,7 +343,7 @@ class CoConBlock(nn.Module):
         activation: str = "gelu",
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
-        content_prev_key: bool = False,
+        content_prev_key: bool = True,
     ):
         super().__init__()
         from fairseq import utils

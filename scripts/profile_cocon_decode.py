@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""Where CoCon's decoding time goes, against the same frozen LM decoding alone (``--cocon-mode lm``), in one
+process: the two models built on ``scripts/benchmark.py``'s CoCon data (an untrained ``transformer_lm`` of
+``--layers`` x ``--embed-dim``, the block after layer layers // 2), beam ``--beam``, ``--gen-len`` steps, one batch of
+``--sentences`` inputs; LM and CoCon alternate ``--rounds`` times (time per decode: mean of 3 after one warm-up),
+then torch's profiler on one more decode of each prints the ops with the most CPU time::
+
+    OMP_NUM_THREADS=1 taskset -c 1 python scripts/profile_cocon_decode.py            # 6 x 512, beam 5, 20 steps
+
+Prints per round the two times and their ratio (LM / CoCon: 1.0 is parity; the structural bound is
+L / (L + 1), one more layer per step), then the op tables. A measurement tool for docs/benchmarks.md, not a test.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from fairseq.dataclass.configs import GenerationConfig  # noqa: E402
+
+from fairseq_knowgen import benchmarking  # noqa: E402
+from fairseq_knowgen.prep.cocon import make_benchmark_data  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--embed-dim", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--gen-len", type=int, default=20)
+    ap.add_argument("--sentences", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ops", type=int, default=12, help="rows of each profiler table (0: none)")
+    opts = ap.parse_args()
+    torch.set_num_threads(1)
+    tmp = tempfile.TemporaryDirectory(prefix="knowgen-cocon-prof-")
+    data, args = make_benchmark_data(tmp.name, 300, 32, (opts.layers, opts.embed_dim, opts.heads))
+    sides = {}
+    for name, baseline in (("lm", True), ("cocon", False)):
+        prof = benchmarking.baseline_profile("cocon_lm") if baseline else benchmarking.profile("cocon_lm")
+        task, model, _ = benchmarking.build(prof, data, args["baseline" if baseline else "arch"])
+        gen = task.build_generator(
+            [model.eval()], GenerationConfig(beam=opts.beam, min_len=opts.gen_len, max_len_a=0, max_len_b=opts.gen_len)
+        )
+        itr = task.get_batch_iterator(task.dataset("valid"), max_sentences=opts.sentences).next_epoch_itr(shuffle=False)
+        sides[name] = (task, model, gen, next(iter(itr)))
+
+    def decode(name):
+        task, model, gen, batch = sides[name]
+        with torch.no_grad():
+            task.inference_step(gen, [model], batch)
+
+    for r in range(opts.rounds):
+        times = {}
+        for name in ("lm", "cocon"):
+            decode(name)  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(3):
+                decode(name)
+            times[name] = (time.perf_counter() - t0) / 3
+        print(f"round {r}: lm {times['lm']:.3f} s, cocon {times['cocon']:.3f} s, ratio {times['lm'] / times['cocon']:.3f}")
+    for name in ("lm", "cocon") if opts.ops else ():
+        with torch.profiler.profile() as p:
+            decode(name)
+        print(f"== {name}: ops by self CPU time (ms, calls)")
+        for e in sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[: opts.ops]:
+            print(f"{e.key:40s} {e.self_cpu_time_total / 1000:9.1f} {e.count:6d}")
+
+
+if __name__ == "__main__":
+    main()

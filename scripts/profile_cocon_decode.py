@@ -62,7 +62,7 @@ def main():
             for _ in range(3):
                 decode(name)
             times[name] = (time.perf_counter() - t0) / 3
-        print(f"round {r}: lm {times['lm']:.3f} s, cocon {times['cocon']:.3f} s, ratio {times['lm'] / times['cocon']:.3f}")
+        print(f"round {r}: lm {times['lm']:.6f} s, cocon {times['cocon']:.6f} s, ratio {times['lm'] / times['cocon']:.3f}")
     for name in ("lm", "cocon") if opts.ops else ():
         with torch.profiler.profile() as p:
             decode(name)

@@ -24,8 +24,9 @@
 #       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=60 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
 #       JUDGE_SEED=2 JUDGE_MINUTES=60
 #       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=60 COCON_MAX_UPDATE=0 COCON_LR=2e-3 COCON_WARMUP=200
-#       CYCLE_START="" ADV_START="" (unset: the cocon criterion's own defaults; the README's one-hour rows used
-#                    CYCLE_START=100 ADV_START=100)
+#       CYCLE_START="" ADV_START="" (unset: the cocon criterion's own defaults, 2,000 updates, the authors'; the
+#                    README's rows up to 2026-12-04 used CYCLE_START=100 ADV_START=100, which kept the block from
+#                    reading its content: docs/results/cocon.md)
 #       COCON_MAX_TOKENS=2048 (CoCon's batches: each update runs the LM ~4 times)
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-cycle-weight 0", "--cocon-null-weight 0",
 #                    "--cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)

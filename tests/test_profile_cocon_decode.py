@@ -21,3 +21,18 @@ def test_profile_prints_rounds_and_both_op_tables():
     for name in ("lm", "cocon"):
         table = out.split(f"== {name}: ops by self CPU time (ms, calls)\n")[1].splitlines()[:3]
         assert all(re.match(r"^\S.*\s[\d.]+\s+\d+$", row) for row in table), table
+
+
+def test_profile_shapes_splits_ops_by_input_shape():
+    """``--shapes``: the rows end with the input shapes, and one op appears in several rows (without the flag each op
+    is one row; this fails if the flag stops reaching torch's ``group_by_input_shape``)."""
+    out = run_cli(
+        "scripts/profile_cocon_decode.py",
+        *("--layers", 2, "--embed-dim", 32, "--heads", 2, "--rounds", 1, "--ops", 40, "--sentences", 4, "--gen-len", 5),
+        "--shapes",
+        timeout=300,
+    ).stdout
+    table = out.split("== cocon: ops by self CPU time (ms, calls, input shapes)\n")[1].splitlines()
+    assert all(re.match(r"^\S.*\s[\d.]+\s+\d+ \[.*\]$", row) for row in table), table
+    keys = [row.split()[0] for row in table]
+    assert len(set(keys)) < len(keys), table

@@ -9,7 +9,8 @@ then torch's profiler on one more decode of each prints the ops with the most CP
 
 Prints per round the two times and their ratio (LM / CoCon: 1.0 is parity; the structural bound is
 L / (L + 1), one more layer per step), then the op tables (``--shapes``: one row per op and input shapes, which
-tells the block's and the content encoder's matrix products from the LM's). A measurement tool for docs/benchmarks.md, not a test.
+tells the block's and the content encoder's matrix products from the LM's). A measurement tool for
+docs/benchmarks.md, not a test.
 """
 
 import argparse
@@ -37,7 +38,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ops", type=int, default=12, help="rows of each profiler table (0: none)")
     ap.add_argument(
-        "--shapes", action="store_true", help="one row per op and input shapes (torch's group_by_input_shape), shapes last"
+        "--shapes",
+        action="store_true",
+        help="one row per op and input shapes (torch's group_by_input_shape), shapes last",
     )
     opts = ap.parse_args()
     torch.set_num_threads(1)
@@ -66,12 +69,14 @@ def main():
             for _ in range(3):
                 decode(name)
             times[name] = (time.perf_counter() - t0) / 3
-        print(f"round {r}: lm {times['lm']:.6f} s, cocon {times['cocon']:.6f} s, ratio {times['lm'] / times['cocon']:.3f}")
+        lm, cocon = times["lm"], times["cocon"]
+        print(f"round {r}: lm {lm:.6f} s, cocon {cocon:.6f} s, ratio {lm / cocon:.3f}")
     for name in ("lm", "cocon") if opts.ops else ():
         with torch.profiler.profile(record_shapes=opts.shapes) as p:
             decode(name)
         print(f"== {name}: ops by self CPU time (ms, calls{', input shapes' if opts.shapes else ''})")
-        for e in sorted(p.key_averages(group_by_input_shape=opts.shapes), key=lambda e: -e.self_cpu_time_total)[: opts.ops]:
+        ops = sorted(p.key_averages(group_by_input_shape=opts.shapes), key=lambda e: -e.self_cpu_time_total)
+        for e in ops[: opts.ops]:
             shapes = " " + str(e.input_shapes).replace(" ", "") if opts.shapes else ""
             print(f"{e.key:40s} {e.self_cpu_time_total / 1000:9.1f} {e.count:6d}{shapes}")
 

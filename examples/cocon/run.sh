@@ -63,7 +63,7 @@ bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$ROOT/examples/lib/stages.sh"
 RUN=$OUT/runs/$NAME
-FILES="train.txt train.judge.txt valid.txt heldout.txt cg.concepts.txt cg.ref.txt"
+FILES="train.txt train.judge.txt valid.txt train.sent.txt valid.sent.txt heldout.txt cg.concepts.txt cg.ref.txt"
 
 # the LM (LM), its folder (LM_DIR: dict.txt) and its BPE (LM_BPE: gpt2 with LM_DIR/encoder.json + vocab.bpe, or
 # subword-nmt with CODES)
@@ -96,15 +96,16 @@ copy_lm_files() {
   if [ "$LM_BPE" = gpt2 ]; then cp "$LM_DIR/encoder.json" "$LM_DIR/vocab.bpe" "$1/"; else cp "$CODES" "$1/codes"; fi
 }
 
-# train_lm RUN_DIR DATA_BIN SEED MINUTES: a fairseq transformer_lm (its dict.txt and BPE copied beside the checkpoints);
-# sentences longer than TOKENS_PER_SAMPLE are left out (a pretrained LM's BPE may cut them finer than ours)
+# train_lm RUN_DIR DATA_BIN SEED MINUTES: a fairseq transformer_lm on the running text (blocks of TOKENS_PER_SAMPLE
+# tokens cut from the token stream: --sample-break-mode none, as fairseq's WikiText LMs); its dict.txt and BPE are
+# copied beside the checkpoints
 train_lm() {
   local run=$1 bin=$2 seed=$3 minutes=$4
   # shellcheck disable=SC2086
   train_logged "$run" "$bin" --task language_modeling --arch transformer_lm --seed "$seed" \
     --decoder-layers "$LM_LAYERS" --decoder-embed-dim "$LM_DIM" --decoder-ffn-embed-dim $((4 * LM_DIM)) \
     --decoder-attention-heads "$LM_HEADS" --share-decoder-input-output-embed --dropout 0.1 \
-    --sample-break-mode complete --tokens-per-sample "$TOKENS_PER_SAMPLE" --skip-invalid-size-inputs-valid-test \
+    --sample-break-mode none --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 \
     --max-tokens "$MAX_TOKENS" --max-update "$LM_MAX_UPDATE" --stop-time-hours "$(hours "$minutes")" \
     --log-interval 100 $LM_ARGS $TRAIN_ARGS
@@ -134,13 +135,17 @@ if stage 2; then
       $BIN/subword-nmt apply-bpe -c "$CODES" --glossaries '<sep>' '<prompt>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
     done
   fi
-  rm -rf "$OUT/bin/lm" "$OUT/bin/judge" "$OUT/bin/gen"
+  rm -rf "$OUT/bin/lm" "$OUT/bin/judge" "$OUT/bin/sent" "$OUT/bin/gen"
   $BIN/fairseq-preprocess --only-source "${dict[@]}" --trainpref "$OUT/bpe/train.txt" \
     --validpref "$OUT/bpe/valid.txt" --destdir "$OUT/bin/lm" --workers 2 > "$OUT/bin/lm.log" 2>&1 \
     || { echo "fairseq-preprocess failed: see $OUT/bin/lm.log"; exit 1; }
   $BIN/fairseq-preprocess --only-source --srcdict "$OUT/bin/lm/dict.txt" --trainpref "$OUT/bpe/train.judge.txt" \
     --validpref "$OUT/bpe/valid.txt" --destdir "$OUT/bin/judge" --workers 2 > "$OUT/bin/judge.log" 2>&1 \
     || { echo "fairseq-preprocess failed: see $OUT/bin/judge.log"; exit 1; }
+  # the same text one sentence a line (CoCon's sentence-line ablation: --cocon-sample-mode lines)
+  $BIN/fairseq-preprocess --only-source --srcdict "$OUT/bin/lm/dict.txt" --trainpref "$OUT/bpe/train.sent.txt" \
+    --validpref "$OUT/bpe/valid.sent.txt" --destdir "$OUT/bin/sent" --workers 2 > "$OUT/bin/sent.log" 2>&1 \
+    || { echo "fairseq-preprocess failed: see $OUT/bin/sent.log"; exit 1; }
   gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")
   $PY -m fairseq_knowgen.prep.cocon inputs --bpe-dir "$OUT/bpe" --out "$OUT/bin/gen" --content-mode "$CONTENT_MODE" \
     "${gpt2[@]}"

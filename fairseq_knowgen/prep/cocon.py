@@ -50,18 +50,38 @@ _WIKI_JOINS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
 _SENT_END = re.compile(r"(?<= [.?!]) (?=\S)")
 
 
-def wikitext_sentences(path: str) -> List[str]:
-    out = []
+def split_sentences(text: str) -> List[str]:
+    """Sentences of tokenized text, split after `` . `` / ``?`` / ``!``."""
+    return [s.strip() for s in _SENT_END.split(text.strip()) if s.strip()]
+
+
+def wikitext_articles(path: str) -> List[List[str]]:
+    """WikiText's articles as lists of paragraphs (running text), in file order: an article starts at
+    a `` = Title = `` line; sub-headings (`` = = ... = = ``) and empty lines are dropped, the
+    ``@-@``/``@,@``/``@.@`` joins undone, and the sentences holding ``<unk>`` left out of their
+    paragraph (the rest of the paragraph keeps its order)."""
+    articles: List[List[str]] = []
     for line in read_lines(path, "wikitext"):
         s = line.strip()
-        if not s or s.startswith("="):
+        if not s:
+            continue
+        if s.startswith("="):
+            if not s.startswith("= ="):  # a new article
+                articles.append([])
             continue
         for a, b in _WIKI_JOINS:
             s = s.replace(a, b)
-        for sent in _SENT_END.split(s):
-            if "<unk>" not in sent:
-                out.append(sent.strip())
-    return out
+        kept = [x for x in split_sentences(s) if "<unk>" not in x]
+        if kept:
+            if not articles:
+                articles.append([])
+            articles[-1].append(" ".join(kept))
+    return [a for a in articles if a]
+
+
+def wikitext_sentences(path: str) -> List[str]:
+    """Every sentence of :func:`wikitext_articles` (no ``<unk>``), in file order."""
+    return [x for article in wikitext_articles(path) for p in article for x in split_sentences(p)]
 
 
 def prepare_corpus(
@@ -75,39 +95,67 @@ def prepare_corpus(
     max_len: int = 60,
     seed: int = 1,
 ):
+    """The LM and CoCon corpus as running text (see the module docstring).
+
+    Documents: a WikiText article (its paragraphs, one a line, in order), a WebNLG entry (its
+    texts, one a line) and a CommonGen training reference. Held-back documents (WikiText articles
+    and WebNLG entries, drawn until they hold ``n_heldout`` sentences of ``min_len``..``max_len``
+    tokens) are never trained on; validation documents are drawn until they hold ``n_valid`` lines.
+    ``train.txt`` holds the other documents in a shuffled order, ``train.judge.txt`` the same in
+    another; ``{train,valid}.sent.txt`` the same text one sentence a line (CoCon's sentence-line
+    ablation)."""
     from . import commongen as cg
     from . import webnlg as wn
 
     ensure_dir(out)
     cg.prepare(commongen, os.path.join(out, "commongen"))
-    pool = wikitext_sentences(wikitext) if wikitext else []
+    docs: List[List[str]] = []  # documents that may be held back (WikiText, WebNLG)
+    if wikitext:
+        docs += [[moses_tokenize(p) for p in article] for article in wikitext_articles(wikitext)]
+    n_wiki = len(docs)
     if webnlg:
-        pool += [text for e in wn.read_entries(os.path.join(webnlg, "train")) for text in e["texts"]]
-    pool = [moses_tokenize(s) for s in pool]
+        docs += [[moses_tokenize(t) for t in e["texts"]] for e in wn.read_entries(os.path.join(webnlg, "train"))]
+    is_webnlg = [i >= n_wiki for i in range(len(docs))]
     common = read_lines(os.path.join(out, "commongen", "train.tgt"), "CommonGen references")
 
     def ok(s):
         return min_len <= len(s.split()) <= max_len
 
-    pool = sorted({s for s in pool if ok(s)})
-    common = sorted({s for s in common if ok(s)})
     rng = random.Random(seed)
-    rng.shuffle(pool)
-    if len(pool) <= n_heldout:
-        raise DataError(out, 0, f"only {len(pool)} wikitext/WebNLG sentences for --heldout {n_heldout}")
-    heldout, rest = pool[:n_heldout], pool[n_heldout:] + common
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    heldout: List[str] = []
+    while order and len(heldout) < n_heldout:
+        i = order.pop()
+        # a WebNLG entry's texts say the same thing: its first one only
+        heldout += [x for line in docs[i][: 1 if is_webnlg[i] else None] for x in split_sentences(line) if ok(x)]
+    docs = [docs[i] for i in order]
+    if len(heldout) < n_heldout:
+        raise DataError(out, 0, f"only {len(heldout)} wikitext/WebNLG sentences for --heldout {n_heldout}")
+    heldout = heldout[:n_heldout]
+    rest = docs + [[s] for s in sorted(set(common)) if ok(s)]
     rng.shuffle(rest)
-    valid, train = rest[:n_valid], rest[n_valid:]
+    valid_docs: List[List[str]] = []
+    while rest and sum(map(len, valid_docs)) < n_valid:
+        valid_docs.append(rest.pop())
+    if not rest:
+        raise DataError(out, 0, f"no training text left after --valid {n_valid}")
+    lines = [line for doc in rest for line in doc if len(line.split()) >= min_len]
+    valid = [line for doc in valid_docs for line in doc if len(line.split()) >= min_len]
     write_lines(f"{out}/heldout.txt", heldout)
     write_lines(f"{out}/valid.txt", valid)
-    write_lines(f"{out}/train.txt", train)
-    judge = list(train)
+    write_lines(f"{out}/train.txt", lines)
+    judge = list(rest)
     random.Random(seed + 1).shuffle(judge)
-    write_lines(f"{out}/train.judge.txt", judge)
+    write_lines(f"{out}/train.judge.txt", (line for doc in judge for line in doc if len(line.split()) >= min_len))
+    write_lines(f"{out}/train.sent.txt", (x for line in lines for x in split_sentences(line) if ok(x)))
+    write_lines(f"{out}/valid.sent.txt", (x for line in valid for x in split_sentences(line) if ok(x)))
     # what the BPE stage encodes for decoding: concepts (space-separated) and the first references
     write_lines(f"{out}/cg.concepts.txt", read_lines(f"{out}/commongen/valid.src", "CommonGen concepts"))
     write_lines(f"{out}/cg.ref.txt", read_lines(f"{out}/commongen/valid.tgt", "CommonGen references"))
-    print(f"train {len(train)}, valid {len(valid)}, heldout {len(heldout)} sentences -> {out}")
+    n_tok = sum(len(x.split()) for x in lines)
+    print(f"train {len(lines)} lines ({len(rest)} documents, {n_tok} tokens), valid {len(valid)} lines, "
+          f"heldout {len(heldout)} sentences -> {out}")
 
 
 class SubwordNmtPieces:

@@ -1,4 +1,5 @@
-"""Transformer and BART with diminishing attention in the decoder's cross-attention.
+"""Transformer and BART with diminishing attention in the decoder's cross-attention (Han, Lin and
+Joty, "Resurrecting Submodularity for Neural Text Generation").
 
 Architectures (``--arch``):
 
@@ -40,6 +41,8 @@ from ..modules.diminishing_attention import (
 
 logger = logging.getLogger(__name__)
 
+DYDIM_G2_DEFAULT = "2*sqrt"  # g2 = 2 sqrt(x+1): g2' >= log(x+1)' at every coverage (module docstring)
+
 
 def add_dimattn_args(parser):
     parser.add_argument("--dimattn-type", choices=["dim", "dydim"], help="DimAttn (Eq. 4) or dynamic DyDimAttn (Eq. 5)")
@@ -48,8 +51,9 @@ def add_dimattn_args(parser):
         "--dimattn-g2",
         type=str,
         metavar="G",
-        help="dydim only (default identity; a warning with dim, which has no g2): the slower-diminishing g2, "
-        "checked at build time: g2'(c) >= g1'(c) for all coverage c up to the decoder's max positions",
+        help="dydim only (default 2*sqrt, 2 sqrt(x+1); a warning with dim, which has no g2): the "
+        "slower-diminishing g2, checked at build time: g2'(c) >= g1'(c) for all coverage c up to the decoder's "
+        "max positions (checkpoints keep the g2 they were trained with)",
     )
     parser.add_argument(
         "--dimattn-normalize",
@@ -66,10 +70,14 @@ def add_dimattn_args(parser):
 
 
 def dimattn_defaults(args):
+    """Fill unset ``--dimattn-*`` options. DyDimAttn's g2 defaults to 2 sqrt(x+1) (see
+    :mod:`fairseq_knowgen.modules.diminishing_attention`); the value is written into the args, so a
+    checkpoint keeps the g2 it was trained with (``identity`` for those saved when that was the
+    default)."""
     args.dimattn_type = getattr(args, "dimattn_type", None) or "dim"
     args.dimattn_g = getattr(args, "dimattn_g", None) or "log"
     if args.dimattn_type == "dydim":  # dim has no g2: left None, so that a given one can be warned about
-        args.dimattn_g2 = getattr(args, "dimattn_g2", None) or "identity"
+        args.dimattn_g2 = getattr(args, "dimattn_g2", None) or DYDIM_G2_DEFAULT
     else:
         args.dimattn_g2 = getattr(args, "dimattn_g2", None)
     args.dimattn_normalize = getattr(args, "dimattn_normalize", False)
@@ -147,7 +155,7 @@ class DimAttnMixin:
 
 @register_model("transformer_dimattn")
 class DimAttnTransformerModel(DimAttnMixin, TransformerModel):
-    """Transformer with diminishing cross-attention (Sim et al.); see module docstring."""
+    """Transformer with diminishing cross-attention (Han, Lin and Joty); see module docstring."""
 
     @staticmethod
     def add_args(parser):

@@ -1,8 +1,8 @@
 """Diminishing attention (DimAttn) and dynamic diminishing attention (DyDimAttn).
 
-Sim et al., "Resurrecting Submodularity for Neural Text Generation" (paper text in
-``shared/seeds/diminishing_attention.txt``). For every cross-attention head, with raw
-attention probabilities a_i^t over source positions i at target step t:
+Han, Lin and Joty, "Resurrecting Submodularity for Neural Text Generation". For every
+cross-attention head, with raw attention probabilities a_i^t over source positions i at target
+step t:
 
 - coverage, up to *and including* the current step (the paper's footnote 1)::
 
@@ -36,8 +36,13 @@ Choices the text leaves open, each a flag of the architectures:
   is covered); ``normalize=True`` divides the weights by their sum over source positions;
 - dropout: coverage is accumulated from the raw (pre-dropout) probabilities and dropout is
   applied to the final weights, so that training noise does not leak into the coverage;
-- defaults: DimAttn uses g = log(x+1); DyDimAttn uses g1 = log(x+1) and g2 = x (whose
-  derivative 1 bounds log's 1/(x+1) from above at every x >= 0, as the paper requires).
+- defaults: DimAttn uses g = log(x+1); DyDimAttn uses g1 = log(x+1) and g2 = 2 sqrt(x+1)
+  (``2*sqrt``), the paper's two examples. The paper requires g1' <= g2'; its examples as
+  written cross at c = 3 (1/(1+c) > 0.5/sqrt(1+c) below it), so neither order holds on all
+  coverages. Scaled by 2, sqrt's derivative 1/sqrt(1+c) bounds log's 1/(1+c) from above at
+  every c >= 0 and equals it at c = 0: both weights start as the raw attention, and log's
+  diminishes faster from there. (Checkpoints record their g2: one trained when the default
+  was g2 = x keeps x.)
 
 Training computes all steps at once with a cumulative sum and a cumulative max over target
 time; incremental decoding keeps the running coverage c^{t-1} and running max per
@@ -65,7 +70,9 @@ from .cross_attention import ReweightedCrossAttention
 
 
 class ConcaveFunction:
-    """A concave non-decreasing g (Eq. 3) and its increment g(c + a) - g(c) (Eq. 4).
+    """A concave non-decreasing g (Eq. 3) and its increment g(c + a) - g(c) (Eq. 4), optionally
+    scaled: ``K*G`` is K times G for K > 0 (e.g. ``2*sqrt``, 2 sqrt(x+1)), still concave and
+    non-decreasing.
 
     The increment is what DimAttn uses; it is computed in a form without cancellation, so
     that float32 keeps its precision when the coverage c is large and the attention a
@@ -79,37 +86,53 @@ class ConcaveFunction:
 
     def __init__(self, spec: str):
         self.spec = spec
+        self.scale = 1.0
         self.p: Optional[float] = None
-        if spec.startswith("pow:"):
+        base = spec
+        if "*" in spec:
+            factor, base = spec.split("*", 1)
             try:
-                self.p = float(spec[4:])
+                self.scale = float(factor)
+            except ValueError:
+                raise ValueError(f"g = K*G needs a number K, got {spec!r}") from None
+            if not (0.0 < self.scale < math.inf):
+                raise ValueError(f"g = K*G needs K > 0, got {spec!r}")
+        self.base = base
+        if base.startswith("pow:"):
+            try:
+                self.p = float(base[4:])
             except ValueError:
                 raise ValueError(f"g = pow:P needs a number P, got {spec!r}") from None
             if not 0.0 < self.p < 1.0:
                 raise ValueError(f"g = (x+1)^p needs 0 < p < 1, got {spec!r}")
-        elif spec not in ("log", "sqrt", "identity"):
+        elif base not in ("log", "sqrt", "identity"):
             raise ValueError(f"unknown concave function {spec!r}: use {CONCAVE_CHOICES}")
+
+    def _scaled(self, y: Tensor) -> Tensor:
+        return y if self.scale == 1.0 else y * self.scale
 
     def __call__(self, x: Tensor) -> Tensor:
         """g(x)."""
-        if self.spec == "log":
-            return torch.log1p(x)
-        if self.spec == "sqrt":
-            return torch.sqrt(x + 1.0)
-        if self.spec == "identity":
-            return x
-        return torch.pow(x + 1.0, self.p)
+        if self.base == "log":
+            y = torch.log1p(x)
+        elif self.base == "sqrt":
+            y = torch.sqrt(x + 1.0)
+        elif self.base == "identity":
+            y = x
+        else:
+            y = torch.pow(x + 1.0, self.p)
+        return self._scaled(y)
 
     def increment(self, before: Tensor, a: Tensor) -> Tensor:
         """g(before + a) - g(before) for coverage ``before`` >= 0 and attention ``a`` >= 0."""
-        if self.spec == "identity":
-            return a
-        if self.spec == "sqrt":
-            return a / (torch.sqrt(before + a + 1.0) + torch.sqrt(before + 1.0))
+        if self.base == "identity":
+            return self._scaled(a)
+        if self.base == "sqrt":
+            return self._scaled(a / (torch.sqrt(before + a + 1.0) + torch.sqrt(before + 1.0)))
         rel = torch.log1p(a / (before + 1.0))  # log((1 + before + a) / (1 + before))
-        if self.spec == "log":
-            return rel
-        return torch.pow(before + 1.0, self.p) * torch.expm1(self.p * rel)
+        if self.base == "log":
+            return self._scaled(rel)
+        return self._scaled(torch.pow(before + 1.0, self.p) * torch.expm1(self.p * rel))
 
     def derivative(self, x: Tensor) -> Tensor:
         """g'(x) by autograd (float64), for :func:`check_slower_diminishing`."""
@@ -121,12 +144,13 @@ class ConcaveFunction:
         return self.spec
 
 
-CONCAVE_CHOICES = "log, sqrt, pow:P (0<P<1), identity"
+CONCAVE_CHOICES = "log, sqrt, pow:P (0<P<1), identity, or K*G for K > 0 times one of them (e.g. 2*sqrt)"
 
 
 def parse_concave(spec: str) -> ConcaveFunction:
     """A concave non-decreasing g from its name: ``log``: log(x+1); ``sqrt``: sqrt(x+1);
-    ``pow:P``: (x+1)^P with 0 < P < 1; ``identity``: x. See :class:`ConcaveFunction`."""
+    ``pow:P``: (x+1)^P with 0 < P < 1; ``identity``: x; ``K*G``: K times G (K > 0). See
+    :class:`ConcaveFunction`."""
     return ConcaveFunction(spec)
 
 
@@ -157,7 +181,8 @@ def check_slower_diminishing(
             f"{names[1]} {g2.spec} must diminish more slowly than {names[0]} {g1.spec} (DyDimAttn, Eq. 5: "
             f"{names[1]}'(c) >= {names[0]}'(c) for all coverage 0 <= c <= {max_coverage:g}), but at "
             f"c = {grid[i].item():.4g}: {names[1]}'(c) = {d2[i].item():.4g} < {names[0]}'(c) = {d1[i].item():.4g}. "
-            f"identity suits every {names[0]}; pow:P2 suits pow:P1 (sqrt = pow:0.5) when P1 <= P2"
+            f"2*sqrt suits log and sqrt; identity suits every {names[0]} whose slope at 0 is at most 1; "
+            f"pow:P2 suits pow:P1 (sqrt = pow:0.5) when P1 <= P2"
         )
 
 
@@ -221,7 +246,7 @@ class DiminishingMultiheadAttention(ReweightedCrossAttention):
         normalize: renormalize the weights to sum to 1 over source positions.
     """
 
-    def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="identity", normalize=False, **kwargs):
+    def __init__(self, embed_dim, num_heads, dim_type="dim", g="log", g2="2*sqrt", normalize=False, **kwargs):
         super().__init__(embed_dim, num_heads, **kwargs)
         if dim_type not in ("dim", "dydim"):
             raise ValueError(f"dim_type must be 'dim' or 'dydim', got {dim_type!r}")

@@ -15,8 +15,11 @@ the start of a hypothesis is removed before scoring (it is the input, not the ou
   BLEU against a content the output should not copy verbatim sits near 0 for every system; content
   coverage counts the content's words the output does use.
 
-Judge perplexity = exp(summed NLL / tokens) over all outputs, each scored as its own sentence
-(``</s>`` w_1..w_n ``</s>``, BPE tokens, the final ``</s>`` included). Distinct-n = distinct
+Judge perplexity = exp(summed NLL / tokens) over all outputs: each output's tokens (BPE) scored
+after ``</s>`` and its prompt, the prompt of ``SET.src`` (the same for every system, so the
+prompted LM's content is not part of the condition) and not itself scored; the final ``</s>`` is
+scored unless ``--fixed-len`` says the outputs have a fixed length (no ``</s>`` generated). Without
+prompts an output is scored as its own sentence (``</s>`` w_1..w_n ``</s>``). Distinct-n = distinct
 n-grams / n-grams over all outputs (Li et al., 2016), on the package's word tokens.
 
 ``table``: the ``scores.json`` of several runs (and the references' judge perplexity) as two
@@ -46,6 +49,11 @@ from fairseq_knowgen.evaluation.report import format_table, normalize, read_hypo
 from fairseq_knowgen.textio import DataError, atomic_write, cli_entry, read_lines  # noqa: E402
 
 _OUT = re.compile(r"^(cg|ht\d+)\.(.+)\.out$")
+
+
+def prompt_of(source: str) -> str:
+    """The prompt of a decoding input (what follows ``<prompt>``; empty without one)."""
+    return source.split("<prompt>", 1)[1].strip() if "<prompt>" in source.split() else ""
 
 
 def strip_prompt(hyp: str, source: str) -> str:
@@ -100,24 +108,28 @@ class Judge:
         self.model.eval()
         self.torch = torch
 
-    def nll(self, lines: Sequence[str], batch: int = 64):
-        """(summed NLL in nats, number of tokens scored)."""
+    def nll(self, lines: Sequence[str], batch: int = 64, prefixes: Sequence[str] = None, final_eos: bool = True):
+        """(summed NLL in nats, number of tokens scored) of each line after ``</s>`` and its prefix
+        (not scored), with a final ``</s>`` scored when ``final_eos``."""
         torch = self.torch
         d = self.dict
         total, count = 0.0, 0
         maxpos = self.model.decoder.max_positions()
+        prefixes = prefixes or [""] * len(lines)
         for i in range(0, len(lines), batch):
-            seqs = [
-                d.encode_line(x, add_if_not_exist=False, append_eos=True).long()[: maxpos - 1]
-                for x in lines[i : i + batch]
-            ]
-            L = max(len(s) for s in seqs)
-            inp = torch.full((len(seqs), L), d.pad(), dtype=torch.long)
-            tgt = torch.full((len(seqs), L), d.pad(), dtype=torch.long)
-            for b, s in enumerate(seqs):
+            rows = []
+            for x, pre in zip(lines[i : i + batch], prefixes[i : i + batch]):
+                p = d.encode_line(pre, add_if_not_exist=False, append_eos=False).long()
+                s = d.encode_line(x, add_if_not_exist=False, append_eos=final_eos).long()
+                rows.append((p, s[: maxpos - 1 - len(p)]))
+            L = max(len(p) + len(s) for p, s in rows)
+            inp = torch.full((len(rows), L), d.pad(), dtype=torch.long)
+            tgt = torch.full((len(rows), L), d.pad(), dtype=torch.long)
+            for b, (p, s) in enumerate(rows):
+                full = torch.cat([p, s])
                 inp[b, 0] = d.eos()
-                inp[b, 1 : len(s)] = s[:-1]
-                tgt[b, : len(s)] = s
+                inp[b, 1 : len(full)] = full[:-1]
+                tgt[b, len(p) : len(full)] = s  # the prefix is the condition, not scored
             with torch.no_grad():
                 logits = self.model(inp)[0].float()
                 lp = torch.nn.functional.cross_entropy(
@@ -127,14 +139,17 @@ class Judge:
             count += int(tgt.ne(d.pad()).sum())
         return total, count
 
-    def ppl(self, lines: Sequence[str]) -> float:
-        total, count = self.nll(lines)
+    def ppl(self, lines: Sequence[str], prefixes: Sequence[str] = None, final_eos: bool = True) -> float:
+        total, count = self.nll(lines, prefixes=prefixes, final_eos=final_eos)
         return math.exp(total / max(count, 1))
 
 
-def score_file(path, source_path, judge, concepts=None, contents=None, pieces=None) -> Dict[str, float]:
+def score_file(
+    path, source_path, judge, concepts=None, contents=None, pieces=None, prompts=None, fixed_len=False
+) -> Dict[str, float]:
     """``pieces``: GPT-2 BPE outputs (:class:`fairseq_knowgen.prep.cocon.Gpt2Pieces`) are decoded
-    to text; by default subword-nmt's ``@@`` joins are undone."""
+    to text; by default subword-nmt's ``@@`` joins are undone. ``prompts``: the judge's condition
+    per output (module docstring); ``fixed_len``: no final ``</s>`` scored."""
     sources = read_lines(source_path, "CoCon input")
     hyps_bpe = read_hypotheses(path)
     if len(hyps_bpe) != len(sources):
@@ -148,7 +163,7 @@ def score_file(path, source_path, judge, concepts=None, contents=None, pieces=No
         out["bleu_content"] = metrics.bleu4(hyps, [[c] for c in contents])
         out["content_coverage"] = metrics.concept_coverage(hyps, [content_words(c) for c in contents])
     if judge is not None:
-        out["judge_ppl"] = judge.ppl(hyps_bpe)
+        out["judge_ppl"] = judge.ppl(hyps_bpe, prefixes=prompts, final_eos=not fixed_len)
     for n in (1, 2, 3):
         out[f"dist{n}"] = distinct_n(hyps, n)
     out.update(metrics.repeated_ngram_rate(hyps, 3))
@@ -170,15 +185,17 @@ def cmd_score(a):
         kind, system = m.groups()
         prompt = "prompt" in system.split("-")
         src = os.path.join(a.inputs, f"{kind}{'.prompt' if prompt else ''}.src")
+        prompts = [prompt_of(x) for x in read_lines(os.path.join(a.inputs, f"{kind}.src"), "CoCon input")]
+        fixed = {"prompts": prompts, "fixed_len": a.fixed_len > 0}
         if kind == "cg":
-            res = score_file(path, src, judge, concepts=concepts, pieces=pieces)
+            res = score_file(path, src, judge, concepts=concepts, pieces=pieces, **fixed)
         else:
             contents_path = os.path.join(a.contents_dir or a.inputs, f"{kind}.content")
             contents = read_lines(contents_path, "contents")
             n_inputs = len(read_lines(src, "CoCon input"))
             if len(contents) != n_inputs:
                 raise DataError(contents_path, 0, f"{len(contents)} contents for {n_inputs} inputs in {src}")
-            res = score_file(path, src, judge, contents=contents, pieces=pieces)
+            res = score_file(path, src, judge, contents=contents, pieces=pieces, **fixed)
         results[f"{kind}/{system}"] = res
         print(json.dumps({"run": a.name, "set": kind, "system": system, **res}))
     with atomic_write(a.json_out) as f:
@@ -266,6 +283,8 @@ def main(argv=None):
     s.add_argument("--judge", help="judge transformer_lm checkpoint (dict.txt beside it)")
     s.add_argument("--name", default="cocon")
     s.add_argument("--gpt2-bpe", metavar="DIR", help="outputs in GPT-2 BPE ids: decoded (DIR: encoder.json, vocab.bpe)")
+    s.add_argument("--fixed-len", type=int, default=0, help="N > 0: the outputs are N tokens after their prompt "
+                   "(fairseq-generate --cocon-fixed-len N): no final </s> scored")
     s.add_argument("--json-out", required=True)
     t = sub.add_parser("table")
     t.add_argument("--scores", nargs="+", required=True)

@@ -1,69 +1,84 @@
 #!/usr/bin/env bash
-# CoCon (content-conditioned LM, shared/seeds/cocon.zh.txt) on a frozen fairseq transformer_lm: one this recipe
-# trains (stage 3), or a pretrained one (LM_PATH: e.g. GPT-2 converted by fairseq_knowgen.convert.hf_gpt2, see
-# docs/pretrained_cocon.md). Staged; rerun from any stage.
+# CoCon (content-conditioned LM; Chan et al., "CoCon: A Self-Supervised Approach for Controlled Text Generation",
+# ICLR 2021) on a frozen fairseq transformer_lm: one this recipe trains (stage 3), or a pretrained one (LM_PATH:
+# e.g. GPT-2 converted by fairseq_knowgen.convert.hf_gpt2, see docs/pretrained_cocon.md). Staged; rerun from any
+# stage. What it does as the authors and what it changes for one CPU core: docs/methods/cocon.md.
 #
 #   bash examples/cocon/run.sh [DATA_ROOT] [OUT_DIR]
 #       DATA_ROOT: folder with wikitext-2/valid.txt, commongen/, webnlg/ (default ../shared/data)
 #       OUT_DIR:   everything this recipe writes (default work/cocon)
 #   Stages (STAGE=1 STOP_STAGE=7 select them):
-#       1 prepare raw/: LM sentences (wikitext-2 + CommonGen train references + WebNLG train texts), held-back
-#         sentences, CommonGen dev concept sets (raw/commongen/)
+#       1 prepare raw/: running text (WikiText-2 articles, WebNLG training texts, CommonGen training references,
+#         one paragraph or text a line), held-back sentences, CommonGen dev concept sets (raw/commongen/), prompts
 #       2 BPE (bpe/) and binarize: bin/lm (LM and CoCon data; its dict.txt is everyone's), bin/judge (same
-#         sentences, another order), bin/gen (decoding inputs: cg[.prompt].src, ht{5,10,20}[.prompt].src).
-#         Without LM_PATH it learns a BPE (bpe/codes) and builds the dictionary; with LM_PATH it applies the LM's
-#         BPE and binarizes with the LM's dict.txt (--srcdict): nothing new is learned
-#       3 train the base LM (runs/lm; skipped with LM_PATH)
+#         text, another order), bin/sent (the same text one sentence a line), bin/gen (decoding inputs:
+#         cg[.prompt].src, ht{5,10,20}[.prompt].src). Without LM_PATH it learns a BPE (bpe/codes) and builds the
+#         dictionary; with LM_PATH it applies the LM's BPE and binarizes with the LM's dict.txt (--srcdict)
+#       3 train the base LM (runs/lm; skipped with LM_PATH) on the token stream
 #       4 train the judge LM (runs/judge: another seed and data order, the LM's dictionary and BPE)
-#       5 train CoCon NAME on the frozen base LM (runs/NAME)
-#       6 decode (runs/NAME/gen): the plain LM from its start symbol (SET.lm.out), the LM with the content as a
-#         prompt (SET.lm-prompt.out), CoCon for each tau in TAUS (SET.tauT.out); SET = cg, ht5, ht10, ht20
+#       5 train CoCon NAME on the frozen base LM (runs/NAME): 30-token windows of running text, the cycle and
+#         adversarial losses on after the authors' share of training (6.5%)
+#       6 decode (runs/NAME/gen), every system from the same prompts for FIXED_LEN tokens: the plain LM
+#         (SET.lm.out), the LM with the content before the prompt (SET.lm-prompt.out), CoCon for each tau in TAUS
+#         (SET.tauT.out); SET = cg (CommonGen dev concept sets, prompts from a fixed list), ht5/ht10/ht20
+#         (contents of held-back sentences, prompts their first PROMPT_WORDS words)
 #       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json) and the plot PLOT
 #   Environment (all optional):
 #       BPE_OPS=8000 HELDOUT=600 VALID=1000 CONTENT_MODE=separate (one content per concept; 'joined': one content)
-#       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=60 LM_MAX_UPDATE=0 TOKENS_PER_SAMPLE=128 LM_ARGS=""
+#       PROMPT_WORDS=3
+#       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MINUTES=60 LM_MAX_UPDATE=2000 TOKENS_PER_SAMPLE=128 LM_ARGS=""
 #       JUDGE_SEED=2 JUDGE_MINUTES=60
-#       NAME=cocon ARCH=cocon_lm COCON_LAYER=2 COCON_MINUTES=60 COCON_MAX_UPDATE=0 COCON_LR=2e-3 COCON_WARMUP=200
-#       CYCLE_START="" ADV_START="" (unset: the cocon criterion's own defaults, 2,000 updates, the authors'; the
-#                    README's rows up to 2026-12-04 used CYCLE_START=100 ADV_START=100, which kept the block from
-#                    reading its content: docs/results/cocon.md)
+#       NAME=cocon ARCH=cocon_lm COCON_LAYER="" (the model's default: the authors' relative depth, round(7/24 x
+#                    layers): 1 of 4) COCON_MINUTES=60 COCON_MAX_UPDATE=1500
+#       COCON_LR: 2e-3 (5e-5, the authors', with LM_PATH) COCON_WARMUP: 200 (0 with LM_PATH)
+#       CYCLE_START, ADV_START: 6.5% of COCON_MAX_UPDATE (the authors' 2,000 of ~31,000 steps)
+#       SAMPLE_MODE=window (30-token windows of running text, as the authors; 'lines': each sentence line with
+#                    its </s>, from bin/sent: the earlier samples)
 #       COCON_MAX_TOKENS=2048 (CoCon's batches: each update runs the LM ~4 times)
-#       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-cycle-weight 0", "--cocon-null-weight 0",
-#                    "--cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
-#       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --beam 1" GEN_SEED=1 CG_LEN=32 HT_LEN=40
+#       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-content-prev-key 1",
+#                    "--cocon-cycle-weight 0 --cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
+#       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1"
+#       FIXED_LEN=50 (tokens after the prompt, no </s> before them, as the authors; 0: stop at </s> within
+#                    CG_LEN / HT_LEN) GEN_SEED=1 CG_LEN=32 HT_LEN=40
 #       BASELINES=1 (0: no lm/lm-prompt rows: they are the same for every NAME)  SETS="cg ht5 ht10 ht20" (stage 6)
 #       MAX_TOKENS=4096 TRAIN_ARGS="" (every fairseq-train, e.g. "--distributed-world-size 8" on GPUs)
 #       PLOT=OUT/cocon_coverage_ppl.png (docs/cocon_coverage_ppl.png is the README's copy)
 #       LM_PATH=""   a pretrained fairseq transformer_lm instead of stage 3: its folder (checkpoint.pt, model.pt or
 #                    checkpoint_best.pt in it) or the checkpoint itself, with beside it its dict.txt and its BPE:
 #                    encoder.json + vocab.bpe (GPT-2's BPE, applied with fairseq's encoder) or codes / bpecodes
-#                    (subword-nmt). The defaults above are the README's one-hour rows (LM_PATH unset).
+#                    (subword-nmt). CoCon then trains as the authors: AdamW, lr 5e-5 decaying linearly, clip 1.0.
+#   Smoke run (minutes, not a result): LM_MAX_UPDATE=50 COCON_MAX_UPDATE=40 HELDOUT=100 SETS=ht5 TAUS=0
 #   Examples:
 #       bash examples/cocon/run.sh                                              # everything, NAME=cocon
 #       LM_PATH=work/gpt2-fairseq TOKENS_PER_SAMPLE=256 bash examples/cocon/run.sh  # CoCon inside a converted GPT-2
-#       NAME=cocon-nocycle ARGS="--cocon-cycle-weight 0" STAGE=5 bash examples/cocon/run.sh
+#       NAME=cocon-nocycle ARGS="--cocon-cycle-weight 0 --cocon-adv-weight 0" STAGE=5 bash examples/cocon/run.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DATA=$(realpath -m "${1:-$ROOT/../shared/data}")
 OUT=$(realpath -m "${2:-$ROOT/work/cocon}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 BPE_OPS=${BPE_OPS:-8000}; HELDOUT=${HELDOUT:-600}; VALID=${VALID:-1000}; CONTENT_MODE=${CONTENT_MODE:-separate}
+PROMPT_WORDS=${PROMPT_WORDS:-3}
 LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-60}
-LM_MAX_UPDATE=${LM_MAX_UPDATE:-0}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
+LM_MAX_UPDATE=${LM_MAX_UPDATE:-2000}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
 JUDGE_SEED=${JUDGE_SEED:-2}; JUDGE_MINUTES=${JUDGE_MINUTES:-$LM_MINUTES}
-NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-2}; COCON_MINUTES=${COCON_MINUTES:-60}
-COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-0}; COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}
-CYCLE_START=${CYCLE_START:-}; ADV_START=${ADV_START:-}; ARGS=${ARGS:-}
-TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --beam 1}; GEN_SEED=${GEN_SEED:-1}
+NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-}; COCON_MINUTES=${COCON_MINUTES:-60}
+COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-1500}
+LM_PATH=${LM_PATH:-}
+if [ -n "$LM_PATH" ]; then COCON_LR=${COCON_LR:-5e-5}; COCON_WARMUP=${COCON_WARMUP:-0}
+else COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}; fi
+CYCLE_START=${CYCLE_START:-$((COCON_MAX_UPDATE * 65 / 1000))}; ADV_START=${ADV_START:-$CYCLE_START}
+SAMPLE_MODE=${SAMPLE_MODE:-window}; ARGS=${ARGS:-}
+TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1}
+FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
 MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_MAX_TOKENS=${COCON_MAX_TOKENS:-2048}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
-LM_PATH=${LM_PATH:-}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 . "$ROOT/examples/lib/stages.sh"
 RUN=$OUT/runs/$NAME
-FILES="train.txt train.judge.txt valid.txt train.sent.txt valid.sent.txt heldout.txt cg.concepts.txt cg.ref.txt"
+FILES="train.txt train.judge.txt valid.txt train.sent.txt valid.sent.txt heldout.txt cg.concepts.txt cg.ref.txt prompts.txt"
 
 # the LM (LM), its folder (LM_DIR: dict.txt) and its BPE (LM_BPE: gpt2 with LM_DIR/encoder.json + vocab.bpe, or
 # subword-nmt with CODES)
@@ -148,7 +163,7 @@ if stage 2; then
     || { echo "fairseq-preprocess failed: see $OUT/bin/sent.log"; exit 1; }
   gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")
   $PY -m fairseq_knowgen.prep.cocon inputs --bpe-dir "$OUT/bpe" --out "$OUT/bin/gen" --content-mode "$CONTENT_MODE" \
-    "${gpt2[@]}"
+    --prompt-words "$PROMPT_WORDS" "${gpt2[@]}"
   cp "$OUT/bin/lm/dict.txt" "$OUT/bin/gen/dict.txt"
 fi
 if stage 3; then
@@ -164,35 +179,43 @@ if stage 4; then
   train_lm "$OUT/runs/judge" "$OUT/bin/judge" "$JUDGE_SEED" "$JUDGE_MINUTES"
 fi
 if stage 5; then
-  echo "== stage 5: train CoCon $NAME (--arch $ARCH --cocon-layer $COCON_LAYER $ARGS; $COCON_MINUTES min) on $LM -> $RUN"
-  schedule=()  # the criterion's own defaults unless CYCLE_START / ADV_START are set
-  [ -z "$CYCLE_START" ] || schedule+=(--cocon-cycle-start "$CYCLE_START")
-  [ -z "$ADV_START" ] || schedule+=(--cocon-adv-start "$ADV_START")
+  layer=(); [ -z "$COCON_LAYER" ] || layer=(--cocon-layer "$COCON_LAYER")
+  data=$OUT/bin/lm; [ "$SAMPLE_MODE" != lines ] || data=$OUT/bin/sent
+  if [ -n "$LM_PATH" ]; then  # the authors': AdamW (no weight decay), linear decay from COCON_LR, clip 1.0
+    optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler polynomial_decay
+      --total-num-update "$COCON_MAX_UPDATE" --warmup-updates "$COCON_WARMUP")
+  else  # one CPU core: a higher rate for a budget of ~1,500 updates (docs/methods/cocon.md)
+    optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler inverse_sqrt
+      --warmup-updates "$COCON_WARMUP")
+  fi
+  echo "== stage 5: train CoCon $NAME (--arch $ARCH ${layer[*]} $ARGS; $SAMPLE_MODE samples; cycle/adversarial" \
+    "from update $CYCLE_START/$ADV_START; $COCON_MAX_UPDATE updates, at most $COCON_MINUTES min) on $LM -> $RUN"
   # shellcheck disable=SC2086
-  train_logged "$RUN" "$OUT/bin/lm" --task cocon_generation --arch "$ARCH" --seed 1 \
-    --cocon-lm-path "$LM" --cocon-layer "$COCON_LAYER" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
-    --criterion cocon "${schedule[@]}" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$COCON_LR" --lr-scheduler inverse_sqrt \
-    --warmup-updates "$COCON_WARMUP" \
+  train_logged "$RUN" "$data" --task cocon_generation --arch "$ARCH" --seed 1 --cocon-sample-mode "$SAMPLE_MODE" \
+    --cocon-lm-path "$LM" "${layer[@]}" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
+    --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
+    "${optim[@]}" --lr "$COCON_LR" --clip-norm 1.0 \
     --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
     --log-interval 100 $ARGS $TRAIN_ARGS
 fi
 if stage 6; then
   mkdir -p "$RUN/gen"
-  # gen SUBSET OUTFILE MAXLEN [flags]: fairseq-generate from CoCon's best checkpoint (BPE kept for the judge)
+  # gen SUBSET OUTFILE MAXLEN [flags]: fairseq-generate from CoCon's best checkpoint (BPE kept for the judge), into
+  # OUTFILE only when complete
   gen() {
     local subset=$1 out=$2 len=$3; shift 3
     # shellcheck disable=SC2086
     $BIN/fairseq-generate "$OUT/bin/gen" --user-dir fairseq_knowgen --task cocon_generation --gen-subset "$subset" \
       --path "$RUN/checkpoints/checkpoint_best.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
-      --max-len-a 0 --max-len-b "$len" --batch-size 64 --seed "$GEN_SEED" $DECODE "$@" $DEVICE_ARGS \
-      > "$out" 2> "$out.log" || { echo "fairseq-generate failed: see $out.log"; return 1; }
+      --cocon-fixed-len "$FIXED_LEN" --max-len-a 0 --max-len-b "$len" --batch-size 64 --seed "$GEN_SEED" \
+      $DECODE "$@" $DEVICE_ARGS > "$out.part" 2> "$out.log" || { echo "fairseq-generate failed: see $out.log"; return 1; }
+    mv "$out.part" "$out"
   }
   for set in $SETS; do
-    # prompted decoding writes the prompt too: room for it (cg: up to 12 BPE tokens of concepts)
+    # EOS-stopped decoding (FIXED_LEN=0) of the prompted LM writes the content too: room for it
     if [ "$set" = cg ]; then len=$CG_LEN; plen=$((len + 12)); else len=$HT_LEN; plen=$((len + ${set#ht})); fi
     if [ "$BASELINES" = 1 ]; then
-      echo "== stage 6: $set: the frozen LM alone, from its start symbol and with the content as a prompt"
+      echo "== stage 6: $set: the frozen LM alone from the prompt, and with the content before the prompt"
       gen "$set" "$RUN/gen/$set.lm.out" "$len" --cocon-mode lm
       gen "$set.prompt" "$RUN/gen/$set.lm-prompt.out" "$plen" --cocon-mode lm
     fi
@@ -207,7 +230,7 @@ if stage 7; then
   gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")  # outputs in GPT-2 BPE ids: decoded
   $PY scripts/cocon_score.py score --gen-dir "$RUN/gen" --inputs "$OUT/bin/gen" --name "$NAME" \
     --concepts "$OUT/raw/commongen/valid.concepts" --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" \
-    --json-out "$RUN/scores.json" "${gpt2[@]}" > "$RUN/scores.log"
+    --fixed-len "$FIXED_LEN" --json-out "$RUN/scores.json" "${gpt2[@]}" > "$RUN/scores.log"
   # shellcheck disable=SC2046
   $PY scripts/cocon_score.py table --scores $(ls "$OUT"/runs/*/scores.json) \
     --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" --refs-bpe "$OUT/bpe/cg.ref.txt" \

@@ -113,10 +113,11 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..modules.cocon_discriminator import discriminator_losses
+from ..modules.cocon_discriminator import ADV_LOSSES, discriminator_losses
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
 ADV_FAKE_CHOICES = ChoiceEnum(["generated", "teacher-forced"])
+ADV_LOSS_CHOICES = ChoiceEnum(list(ADV_LOSSES))
 SPLIT_CHOICES = ChoiceEnum(["fixed", "uniform"])
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
@@ -165,6 +166,13 @@ class CoConCriterionConfig(FairseqDataclass):
         metadata={
             "help": "the discriminator's fake side: the block's states while generating the cycle's q^1 (the "
             "paper's), or its states on the teacher-forced text (teacher-forced)"
+        },
+    )
+    cocon_adv_loss: ADV_LOSS_CHOICES = field(
+        default="minimax",
+        metadata={
+            "help": "CoCon's side of the adversarial loss: minimax (log(1 - D(fake)), the authors') or "
+            "non-saturating (-log D(fake))"
         },
     )
     cocon_split: SPLIT_CHOICES = field(
@@ -246,6 +254,15 @@ def span_mask(T: int, start: torch.Tensor, length: torch.Tensor, n_words: torch.
     return (pos >= start[:, None]) & (pos < end[:, None])
 
 
+def count_words(target: torch.Tensor, pad: int, eos: int) -> torch.Tensor:
+    """Tokens of each right-padded row before its ``</s>``: a sentence line ends in ``</s>``
+    (position n then holds it), a window of running text has none (n = its length, and position n
+    lies past the row, so no mask ever reaches a padding position)."""
+    lengths = target.ne(pad).sum(1)
+    last = target.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+    return lengths - last.eq(eos).long()
+
+
 def ratio(num, den):
     """num / max(den, 1) for numbers or tensors, without a host-device sync."""
     return num / (den.clamp(min=1) if torch.is_tensor(den) else max(den, 1))
@@ -271,6 +288,7 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_sentences=32,
         cocon_disc_update_freq=5,
         cocon_adv_fake="generated",
+        cocon_adv_loss="minimax",
         cocon_split="fixed",
         cocon_prefix_len=10,
         cocon_content_len=20,
@@ -291,6 +309,7 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_sentences = max(2, cocon_cycle_sentences)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
         self.adv_fake = str(cocon_adv_fake)
+        self.adv_loss = str(cocon_adv_loss)
         self.split = str(cocon_split)
         self.prefix_len, self.content_len, self.len_jitter = cocon_prefix_len, cocon_content_len, cocon_len_jitter
         if self.split == "fixed" and not (0 <= self.len_jitter < self.content_len and self.len_jitter <= self.prefix_len):
@@ -449,7 +468,7 @@ class CoConCriterion(FairseqCriterion):
         dec = model.decoder
         n = min(self.cycle_sentences, sample["target"].size(0))
         target, prev = sample["target"][:n], sample["net_input"]["prev_output_tokens"][:n]
-        n_words = target.ne(self.padding_idx).sum(1) - 1
+        n_words = count_words(target, self.padding_idx, self.eos_idx)
         B, T = target.shape
         tc, width = self.cycle_split(T)
         # a batch of short sentences (fairseq groups sentences by length) keeps a content: t_c shrinks to the width
@@ -482,7 +501,7 @@ class CoConCriterion(FairseqCriterion):
         dec = model.decoder
         target, prev = sample["target"], sample["net_input"]["prev_output_tokens"]
         B, T = target.shape
-        n_words = target.ne(self.padding_idx).sum(1) - 1
+        n_words = count_words(target, self.padding_idx, self.eos_idx)
         training = model.training
         gen = None
         if not training:  # the same splits at every validation (a sync, outside training steps)
@@ -533,7 +552,7 @@ class CoConCriterion(FairseqCriterion):
                 real, real_pad = h.transpose(0, 1), ~loss_mask
                 fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
                 rows = None
-            l_disc, l_adv = discriminator_losses(disc, real, fake, real_pad, fake_pad, rows)
+            l_disc, l_adv = discriminator_losses(disc, real, fake, real_pad, fake_pad, rows, self.adv_loss)
             per_sentence = ratio(sample_size, B)
             loss = loss + per_sentence * self.w_adv * l_adv
             if disc_learns:

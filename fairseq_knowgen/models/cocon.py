@@ -65,10 +65,17 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..modules.cocon_block import CONTENT_KV, CONTENT_KV_INIT, CoConBlock
-from ..modules.cocon_discriminator import HiddenStateDiscriminator
+from ..modules.cocon_block import CONTENT_KV, CONTENT_KV_INIT, INITS, CoConBlock
+from ..modules.cocon_discriminator import DISCRIMINATORS, HiddenStateDiscriminator, build_discriminator
 
 SEP, PROMPT = "<sep>", "<prompt>"
+
+
+def default_cocon_layer(n_layers: int) -> int:
+    """The authors' relative depth: their block reads the output of GPT-2 medium's 7th layer of 24
+    (``--output_hidden_for_cocon_after_block_ind 6``), so after round(7/24 x layers) layers, at
+    least 1 (a 4-layer LM: 1; GPT-2 small's 12: 4; medium's 24: 7)."""
+    return min(n_layers, max(1, round(7 * n_layers / 24))) if n_layers else 0
 
 
 class CoConSetupError(ValueError):
@@ -283,6 +290,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
             content_kv=args.cocon_content_kv,
             content_kv_init=args.cocon_content_kv_init,
             content_prev_key=bool(args.cocon_content_prev_key),
+            init=args.cocon_init,
         )
         self.lm_vocab = lm.output_projection.out_features
         self.bypass = False
@@ -441,14 +449,26 @@ class CoConModel(FairseqEncoderDecoderModel):
             "--cocon-lm-dict", type=str, metavar="TXT", help="its dictionary (default: dict.txt beside it)"
         )
         parser.add_argument(
-            "--cocon-layer", type=int, metavar="L", help="the block sits after LM layer L (0 <= L <= layers)"
+            "--cocon-layer",
+            type=int,
+            metavar="L",
+            help="the block sits after LM layer L (0 <= L <= layers); default: round(7/24 x layers), the authors' "
+            "relative depth (after layer 7 of GPT-2 medium's 24)",
         )
         parser.add_argument("--cocon-ffn-dim", type=int, metavar="N", help="inner size of the block's FFN")
         parser.add_argument(
             "--cocon-attention-heads", type=int, metavar="N", help="heads of the block (default: the LM's)"
         )
         parser.add_argument("--cocon-dropout", type=float, metavar="P", help="dropout in the block")
-        parser.add_argument("--cocon-attention-dropout", type=float, metavar="P", help="attention dropout")
+        parser.add_argument(
+            "--cocon-attention-dropout", type=float, metavar="P", help="attention dropout (default 0.1, the authors')"
+        )
+        parser.add_argument(
+            "--cocon-init",
+            choices=INITS,
+            help="the block's weights: normal (N(0, 0.02^2), the authors' GPT-2 initializer; default) or xavier "
+            "(this package's earlier choice)",
+        )
         parser.add_argument(
             "--cocon-zero-init",
             type=int,
@@ -472,17 +492,27 @@ class CoConModel(FairseqEncoderDecoderModel):
             "--cocon-content-prev-key",
             type=int,
             choices=[0, 1],
-            help="1 (default): each content key also reads the previous content column (K_j += h_{j-1} W', W' "
-            "starting at zero), so that a step whose token is c_{j-1} can find column j in one layer; 0: the "
-            "authors' keys, which rely on the LM's lower layers for that",
+            help="1: each content key also reads the previous content column (K_j += h_{j-1} W', W' starting at "
+            "zero; beyond the paper and the authors' code), where the query may see that column; 0 (default): "
+            "the authors' keys",
         )
-        parser.add_argument("--cocon-disc-dim", type=int, metavar="N", help="hidden size of the discriminator")
+        parser.add_argument(
+            "--cocon-disc",
+            choices=DISCRIMINATORS,
+            help="the adversarial loss's discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled; "
+            "default) or mlp (a position-wise MLP, mean-pooled: this package's first version)",
+        )
+        parser.add_argument(
+            "--cocon-disc-dim", type=int, metavar="N", help="channels per convolution (cnn) or hidden size (mlp)"
+        )
 
     @classmethod
     def build_model(cls, args, task):
         cocon_lm_architecture(args)
         lm = load_frozen_lm(args.cocon_lm_path, task.target_dictionary, args.cocon_lm_dict)
         n = len(lm.layers)
+        if args.cocon_layer is None:  # the authors' relative depth, recorded in the checkpoint's args
+            args.cocon_layer = default_cocon_layer(n)
         if not 0 <= args.cocon_layer <= n:
             raise CoConSetupError(
                 f"--cocon-layer {args.cocon_layer} is outside the LM {args.cocon_lm_path} (it has {n} layers: "
@@ -496,7 +526,7 @@ class CoConModel(FairseqEncoderDecoderModel):
         encoder = CoConEncoder(task.source_dictionary, decoder)
         # the criterion's flags are in the legacy args namespace (fairseq-train and checkpoints alike)
         adversarial = getattr(args, "cocon_adv_weight", 1.0) != 0
-        disc = HiddenStateDiscriminator(dim, args.cocon_disc_dim) if adversarial else None
+        disc = build_discriminator(args.cocon_disc, dim, args.cocon_disc_dim) if adversarial else None
         return cls(args, encoder, decoder, disc)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, cocon_loss=None, **kwargs):
@@ -529,6 +559,12 @@ class CoConModel(FairseqEncoderDecoderModel):
         if has_text and not has_prev and hasattr(self.decoder.block.attn, "content_prev_k_proj"):
             self.decoder.block.attn.drop_content_prev_key()
             self.args.cocon_content_prev_key = 0
+        # a checkpoint saved before --cocon-disc existed holds the MLP discriminator
+        disc_prefix = (name + "." if name else "") + "discriminator."
+        if disc_prefix + "fc1.weight" in state_dict and not isinstance(self.discriminator, HiddenStateDiscriminator):
+            w = state_dict[disc_prefix + "fc1.weight"]
+            self.discriminator = HiddenStateDiscriminator(w.size(1), w.size(0))
+            self.args.cocon_disc = "mlp"
         super().upgrade_state_dict_named(state_dict, name)
 
     def trainable_parameters(self):
@@ -543,24 +579,25 @@ class CoConModel(FairseqEncoderDecoderModel):
 def cocon_lm_architecture(args):
     args.cocon_lm_path = getattr(args, "cocon_lm_path", None)
     args.cocon_lm_dict = getattr(args, "cocon_lm_dict", None)
-    args.cocon_layer = getattr(args, "cocon_layer", None)
-    if args.cocon_layer is None:
-        args.cocon_layer = 1
+    args.cocon_layer = getattr(args, "cocon_layer", None)  # None: default_cocon_layer of the LM (build_model)
     args.cocon_ffn_dim = getattr(args, "cocon_ffn_dim", None)
     args.cocon_attention_heads = getattr(args, "cocon_attention_heads", None)
     args.cocon_dropout = getattr(args, "cocon_dropout", None)
     if args.cocon_dropout is None:
         args.cocon_dropout = 0.1
-    args.cocon_attention_dropout = getattr(args, "cocon_attention_dropout", None) or 0.0
+    ad = getattr(args, "cocon_attention_dropout", None)
+    args.cocon_attention_dropout = 0.1 if ad is None else ad
+    args.cocon_init = getattr(args, "cocon_init", None) or "normal"
     zi = getattr(args, "cocon_zero_init", None)
     args.cocon_zero_init = 0 if zi is None else zi
     args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 128
+    args.cocon_disc = getattr(args, "cocon_disc", None) or "cnn"
     # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
     args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"
     args.cocon_content_kv_init = getattr(args, "cocon_content_kv_init", None) or "fresh"
     # (a checkpoint saved before this flag existed has no W': upgrade_state_dict_named turns it off as it loads)
     prev_key = getattr(args, "cocon_content_prev_key", None)
-    args.cocon_content_prev_key = 1 if prev_key is None else prev_key
+    args.cocon_content_prev_key = 0 if prev_key is None else prev_key
 
 
 @register_model_architecture("cocon_lm", "cocon_lm_small")

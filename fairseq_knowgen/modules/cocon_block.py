@@ -95,6 +95,18 @@ from torch import Tensor
 
 CONTENT_KV = ("separate", "shared")
 CONTENT_KV_INIT = ("fresh", "copy")
+INITS = ("normal", "xavier")
+
+
+def init_linear(layer: nn.Linear, init: str, gain: float = 1.0):
+    """``normal``: weight ~ N(0, 0.02^2) (the authors' GPT-2 initializer range); ``xavier``: Xavier
+    uniform with ``gain``; the bias zero."""
+    if init == "normal":
+        nn.init.normal_(layer.weight, mean=0.0, std=0.02)
+    else:
+        nn.init.xavier_uniform_(layer.weight, gain=gain)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
 
 
 @with_incremental_state
@@ -115,9 +127,12 @@ class CoConAttention(nn.Module):
         dropout: float = 0.0,
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
-        content_prev_key: bool = True,
+        content_prev_key: bool = False,
+        init: str = "normal",
     ):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init {init!r}: unknown (one of {', '.join(INITS)})")
         if embed_dim % num_heads:
             raise ValueError(f"embed dim {embed_dim} is not divisible by {num_heads} heads")
         if content_kv not in CONTENT_KV or content_kv_init not in CONTENT_KV_INIT:
@@ -131,8 +146,7 @@ class CoConAttention(nn.Module):
         self.v_proj = nn.Linear(embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         for p in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(p.weight, gain=1 / math.sqrt(2) if p is not self.out_proj else 1.0)
-            nn.init.zeros_(p.bias)
+            init_linear(p, init, gain=1 / math.sqrt(2) if p is not self.out_proj else 1.0)
         self.content_kv_mode = content_kv
         if content_kv == "separate":  # W^(c)_k, W^(c)_v: created only when used
             self.content_k_proj = nn.Linear(embed_dim, embed_dim)
@@ -141,8 +155,7 @@ class CoConAttention(nn.Module):
                 if content_kv_init == "copy":
                     mine.load_state_dict(text.state_dict())
                 else:
-                    nn.init.xavier_uniform_(mine.weight, gain=1 / math.sqrt(2))
-                    nn.init.zeros_(mine.bias)
+                    init_linear(mine, init, gain=1 / math.sqrt(2))
 
         if content_prev_key:  # W^(c)_k' on the left neighbour's state: created only when used
             self.content_prev_k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
@@ -165,19 +178,22 @@ class CoConAttention(nn.Module):
         return x.view(L, B, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     def content_kv(self, content: Tensor, content_padding_mask: Optional[Tensor], content_bias: Optional[Tensor]):
-        """Keys, values (B x H x S x D) and the additive column bias (B x S: tau, -inf on padding)."""
+        """Keys, values (B x H x S x D), the additive column bias (B x S: tau, -inf on padding) and,
+        with ``content_prev_key``, the previous-column part of the keys (``h^(c)_{j-1} W'``, B x H x S
+        x D; None without it), which :meth:`forward` adds per query."""
         S, B, _ = content.shape
         k_proj, v_proj = (
             (self.content_k_proj, self.content_v_proj) if self.content_kv_mode == "separate" else (self.k_proj, self.v_proj)
         )
         k, v = self._heads(k_proj(content)), self._heads(v_proj(content))
         prev = getattr(self, "content_prev_k_proj", None)
-        if prev is not None:  # K_j += h_{j-1} W'  (h_{-1} = 0)
-            k = k + self._heads(prev(F.pad(content[:-1], (0, 0, 0, 0, 1, 0))))
+        k_prev = None
+        if prev is not None:  # h_{j-1} W'  (h_{-1} = 0)
+            k_prev = self._heads(prev(F.pad(content[:-1], (0, 0, 0, 0, 1, 0))))
         col = content.new_zeros(B, S) if content_bias is None else content_bias.to(content.dtype)
         if content_padding_mask is not None:
             col = col.masked_fill(content_padding_mask, float("-inf"))
-        return k, v, col
+        return k, v, col, k_prev
 
     def forward(
         self,
@@ -212,7 +228,7 @@ class CoConAttention(nn.Module):
             return self._step(x, cache, incremental_state), None
         q = self._heads(self.q_proj(x)) * self.scaling  # B x H x T x D
         k_self, v_self = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        prev_len = 0
+        prev_len, k_prev = 0, None
         if cache is not None:  # several new steps at once after a cached prefix
             k_c, v_c, col, g = cache["content_k"], cache["content_v"], cache["content_col"], cache["group"]
             prev_len = cache["self_k"].size(2)
@@ -221,10 +237,14 @@ class CoConAttention(nn.Module):
             rows = torch.arange(k_c.size(0), device=x.device).repeat_interleave(g)
         else:
             if content is not None and content.size(0) > 0:
-                k_c, v_c, col = self.content_kv(content, content_padding_mask, content_bias)
+                k_c, v_c, col, k_prev = self.content_kv(content, content_padding_mask, content_bias)
             else:
                 k_c = v_c = x.new_zeros(B, self.num_heads, 0, self.head_dim)
                 col = x.new_zeros(B, 0)
+            if k_prev is not None and content_attn_mask is None:  # every column seen: K_j += h_{j-1} W'
+                k_c, k_prev = k_c + k_prev, None
+            if k_prev is not None:  # a per-query mask: the content is per row (training)
+                k_prev = k_prev if content_rows is None else k_prev.index_select(0, content_rows)
             rows = content_rows if content_rows is not None else torch.arange(B, device=x.device)
             g = B // k_c.size(0) if k_c.size(0) and B % k_c.size(0) == 0 else None
             if g is None or g == 1 and content_rows is not None:  # content per row: exact for any rows
@@ -236,7 +256,13 @@ class CoConAttention(nn.Module):
         if k_c.size(0) != B:
             k_c, v_c, col = k_c.index_select(0, rows), v_c.index_select(0, rows), col.index_select(0, rows)
         S, L = k_c.size(2), k_self.size(2)
-        logits = torch.cat([q @ k_c.transpose(-1, -2), q @ k_self.transpose(-1, -2)], dim=-1)  # B x H x T x (S+L)
+        logits_c = q @ k_c.transpose(-1, -2)  # B x H x T x S
+        if k_prev is not None:
+            # the previous-column part of key j only where query t may see column j - 1: a column the mask
+            # hides from t reaches t through no key (the mask's guarantee holds whatever W' is)
+            prev_hidden = F.pad(content_attn_mask[:, :, :-1], (1, 0), value=False)  # B x T x S
+            logits_c = logits_c + (q @ k_prev.transpose(-1, -2)).masked_fill(prev_hidden[:, None], 0.0)
+        logits = torch.cat([logits_c, q @ k_self.transpose(-1, -2)], dim=-1)  # B x H x T x (S+L)
         mask = x.new_zeros(B, 1, T, S + L)
         mask[:, :, :, :S] += col[:, None, None, :]
         if content_attn_mask is not None:
@@ -338,22 +364,28 @@ class CoConBlock(nn.Module):
         num_heads: int,
         ffn_dim: int,
         dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        zero_init: bool = True,
+        attention_dropout: float = 0.1,
+        zero_init: bool = False,
         activation: str = "gelu",
         content_kv: str = "separate",
         content_kv_init: str = "fresh",
-        content_prev_key: bool = True,
+        content_prev_key: bool = False,
+        init: str = "normal",
     ):
         super().__init__()
         from fairseq import utils
 
         self.activation_fn = utils.get_activation_fn(activation)
         self.attn_layer_norm = nn.LayerNorm(embed_dim)
-        self.attn = CoConAttention(embed_dim, num_heads, attention_dropout, content_kv, content_kv_init, content_prev_key)
+        self.attn = CoConAttention(
+            embed_dim, num_heads, attention_dropout, content_kv, content_kv_init, content_prev_key, init
+        )
         self.ffn_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
+        if init == "normal":  # (xavier: torch's own Linear initialisation, as before the flag)
+            for p in (self.fc1, self.fc2):
+                init_linear(p, init)
         self.dropout = dropout
         if zero_init:
             for p in (self.attn.out_proj, self.fc2):

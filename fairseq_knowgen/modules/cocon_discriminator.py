@@ -1,19 +1,32 @@
 """The discriminator of CoCon's adversarial loss (Chan et al., ICLR 2021, Section 3.1,
-"Adversarial Loss": "make the generated text closer to real text"; the seed text displays no
-equation for it) on hidden-state sequences.
+"Adversarial Loss": "make the generated text closer to real text"; the paper displays no equation
+for it and leaves the discriminator's shape open) on hidden-state sequences: one logit per
+sequence, "real" (the frozen LM's states ``enc(x^b)`` of real text) vs "fake" (the CoCon block's
+states while it generates; see :mod:`fairseq_knowgen.criterions.cocon` for both sides).
 
-The paper leaves its shape open; here (``--cocon-disc-dim``): a position-wise two-layer MLP
-(LayerNorm, Linear d -> d_disc, GELU, Linear d_disc -> d_disc), mean-pooled over the non-padded
-positions, then Linear d_disc -> 1: one logit per sequence, "real" (the frozen LM's states
-``enc(x^b)`` of real text) vs "fake" (the CoCon block's states while it generates, as the paper;
-see :mod:`fairseq_knowgen.criterions.cocon` for both sides)::
+Two discriminators (``--cocon-disc``):
 
-    f_disc(h) = w^T mean_i MLP(LN(h_i)) + b
-    L_disc = -log sigmoid(f_disc(real)) - log(1 - sigmoid(f_disc(fake)))   (the discriminator minimizes it)
-    L_adv  = -log sigmoid(f_disc(fake))    (CoCon minimizes it: the non-saturating generator loss)
+- ``cnn`` (default; the authors' ``HDiscriminator``): 1-D convolutions of widths 1, 2 and 3 with
+  ``--cocon-disc-dim`` channels each over the positions, each max-pooled over the positions (windows
+  that touch padding left out), LeakyReLU (slope 0.01), dropout 0.5, a linear map without bias to
+  one logit; the linear map starts at N(0, 0.02^2)::
 
-i.e. the discriminator maximizes log D(real) + log(1 - D(fake)) and CoCon, instead of minimizing
-log(1 - D(fake)), maximizes log D(fake) (same fixed point, no vanishing gradient early on).
+      f_disc(h) = w^T dropout(concat_k LeakyReLU(max_i conv_k(h)_i))
+
+- ``mlp`` (this package's first version): a position-wise two-layer MLP (LayerNorm, Linear d ->
+  d_disc, GELU, Linear d_disc -> d_disc), mean-pooled over the non-padded positions, then Linear
+  d_disc -> 1::
+
+      f_disc(h) = w^T mean_i MLP(LN(h_i)) + b
+
+The losses (:func:`discriminator_losses`); the discriminator always minimizes
+``L_disc = -log sigmoid(f_disc(real)) - log(1 - sigmoid(f_disc(fake)))``, and CoCon (``--cocon-adv-loss``):
+
+- ``minimax`` (default; the authors' generator loss ``-(d_fake_loss + d_real_loss)``, whose
+  real-side term has no gradient into CoCon): ``L_adv = log(1 - sigmoid(f_disc(fake)))``, the
+  GAN's own minimax game;
+- ``non-saturating`` (this package's first version): ``L_adv = -log sigmoid(f_disc(fake))``, the
+  same fixed point without the vanishing gradient of a confident discriminator.
 """
 
 from typing import Optional
@@ -24,10 +37,61 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+DISCRIMINATORS = ("cnn", "mlp")
+ADV_LOSSES = ("minimax", "non-saturating")
+
+
+class ConvDiscriminator(nn.Module):
+    """The authors' CNN over hidden states (module docstring, ``cnn``).
+
+    Args:
+        embed_dim: d of the states
+        channels: output channels of each convolution (the authors': 128)
+        widths: the convolutions' widths (the authors': 1, 2, 3)
+        dropout: dropout before the last layer (the authors': 0.5)
+    """
+
+    def __init__(self, embed_dim: int, channels: int = 128, widths=(1, 2, 3), dropout: float = 0.5):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv1d(embed_dim, channels, w) for w in widths)
+        self.dropout = dropout
+        self.out = nn.Linear(channels * len(widths), 1, bias=False)
+        nn.init.normal_(self.out.weight, mean=0.0, std=0.02)
+
+    def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        """h: ``B x T x C``; padding_mask: ``B x T`` (True on padding). Returns ``B`` logits."""
+        x = h.transpose(1, 2)  # B x C x T
+        pooled = []
+        for conv in self.convs:
+            w = conv.kernel_size[0]
+            if x.size(2) < w:  # too short for this width: nothing to pool
+                pooled.append(h.new_zeros(h.size(0), conv.out_channels))
+                continue
+            z = conv(x)  # B x channels x (T - w + 1)
+            if padding_mask is not None:  # a window touching padding is left out of the max
+                touched = padding_mask.unfold(1, w, 1).any(-1)  # B x (T - w + 1)
+                z = z.masked_fill(touched[:, None], float("-inf"))
+            m = z.max(dim=2).values
+            pooled.append(F.leaky_relu(torch.where(torch.isinf(m), torch.zeros_like(m), m), negative_slope=0.01))
+        feats = F.dropout(torch.cat(pooled, dim=1), p=self.dropout, training=self.training)
+        return self.out(feats).squeeze(-1)
+
+
+def build_discriminator(kind: str, embed_dim: int, hidden_dim: int) -> nn.Module:
+    """``cnn`` (the authors') or ``mlp`` (module docstring); ``hidden_dim``: channels or d_disc."""
+    if kind == "cnn":
+        return ConvDiscriminator(embed_dim, hidden_dim)
+    if kind == "mlp":
+        return HiddenStateDiscriminator(embed_dim, hidden_dim)
+    raise ValueError(f"discriminator {kind!r}: one of {', '.join(DISCRIMINATORS)}")
+
+
 class HiddenStateDiscriminator(nn.Module):
-    """Args:
-    embed_dim: d of the states
-    hidden_dim: d_disc of the MLP
+    """The position-wise MLP with mean pooling (module docstring, ``mlp``).
+
+    Args:
+        embed_dim: d of the states
+        hidden_dim: d_disc of the MLP
     """
 
     def __init__(self, embed_dim: int, hidden_dim: int):
@@ -49,18 +113,20 @@ class HiddenStateDiscriminator(nn.Module):
 
 
 def discriminator_losses(
-    disc: HiddenStateDiscriminator,
+    disc: nn.Module,
     real: Tensor,
     fake: Tensor,
     real_padding_mask: Optional[Tensor] = None,
     fake_padding_mask: Optional[Tensor] = None,
     rows: Optional[Tensor] = None,
+    adv_loss: str = "minimax",
 ):
     """``(L_disc, L_adv)`` summed over the batch's sequences, with separated gradients:
 
     - ``L_disc`` sees detached states: its gradient reaches the discriminator only;
-    - ``L_adv`` (generator side) runs the discriminator with detached parameters
-      (``torch.func.functional_call``): its gradient reaches the fake states (CoCon) only.
+    - ``L_adv`` (generator side, ``adv_loss``: ``minimax`` or ``non-saturating``, module docstring)
+      runs the discriminator with detached parameters (``torch.func.functional_call``): its gradient
+      reaches the fake states (CoCon) only.
 
     ``real`` and ``fake`` are ``B x T x C`` and ``B x T' x C`` (their lengths may differ: real
     text against generated steps); ``rows`` (``B`` bool) keeps only some sequences in the sums.
@@ -73,5 +139,11 @@ def discriminator_losses(
 
     l_disc = bce(disc(real.detach(), real_padding_mask), 1.0) + bce(disc(fake.detach(), fake_padding_mask), 0.0)
     frozen = {k: v.detach() for k, v in disc.named_parameters()}
-    l_adv = bce(torch.func.functional_call(disc, frozen, (fake, fake_padding_mask)), 1.0)
+    fake_logits = torch.func.functional_call(disc, frozen, (fake, fake_padding_mask))
+    if adv_loss == "minimax":  # log(1 - D(fake)) = -BCE(D(fake), 0)
+        l_adv = -bce(fake_logits, 0.0)
+    elif adv_loss == "non-saturating":  # -log D(fake) = BCE(D(fake), 1)
+        l_adv = bce(fake_logits, 1.0)
+    else:
+        raise ValueError(f"adversarial loss {adv_loss!r}: one of {', '.join(ADV_LOSSES)}")
     return l_disc, l_adv

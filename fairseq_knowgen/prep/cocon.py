@@ -40,7 +40,7 @@ import random
 import re
 import subprocess
 import sys
-from typing import List
+from typing import List, Tuple
 
 from ..text import moses_tokenize
 from ..textio import DataError, cli_entry, read_lines
@@ -153,6 +153,7 @@ def prepare_corpus(
     # what the BPE stage encodes for decoding: concepts (space-separated) and the first references
     write_lines(f"{out}/cg.concepts.txt", read_lines(f"{out}/commongen/valid.src", "CommonGen concepts"))
     write_lines(f"{out}/cg.ref.txt", read_lines(f"{out}/commongen/valid.tgt", "CommonGen references"))
+    write_prompts(f"{out}/prompts.txt")
     n_tok = sum(len(x.split()) for x in lines)
     print(f"train {len(lines)} lines ({len(rest)} documents, {n_tok} tokens), valid {len(valid)} lines, "
           f"heldout {len(heldout)} sentences -> {out}")
@@ -208,52 +209,103 @@ def gpt2_encode(gpt2_dir: str, raw: str, out: str, names: List[str]):
         write_lines(os.path.join(out, name), (pieces.encode(detok.detokenize(x.split())) for x in lines))
 
 
+# Short neutral openings to decode CommonGen concept sets from (this package's own list, in the manner of the
+# authors' prompt files; lower-cased and Moses-tokenized as the corpus): every system decodes input i from prompt
+# i mod 10, so the plain LM, the prompted LM and CoCon continue the same text.
+PROMPTS = (
+    "the",
+    "in the morning ,",
+    "yesterday ,",
+    "there is",
+    "in this picture ,",
+    "last weekend ,",
+    "it was",
+    "my friend",
+    "at the park ,",
+    "when we arrived ,",
+)
+
+
+def write_prompts(path: str):
+    write_lines(path, PROMPTS)
+
+
+def word_spans(toks: List[str], pieces) -> List[Tuple[int, int]]:
+    """``(start, end)`` token indices of each word of a BPE'd sentence."""
+    spans: List[Tuple[int, int]] = []
+    for i in range(len(toks)):
+        if spans and pieces.continues(toks, i):
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
 def make_inputs(
-    bpe_dir: str, out: str, content_mode: str = "separate", lengths=(5, 10, 20), seed: int = 1, pieces=None
+    bpe_dir: str,
+    out: str,
+    content_mode: str = "separate",
+    lengths=(5, 10, 20),
+    seed: int = 1,
+    pieces=None,
+    prompt_words: int = 3,
 ):
     """The decoding inputs (module docstring) from ``bpe_dir``'s BPE'd files; ``pieces``: the BPE's
-    word boundaries (:class:`SubwordNmtPieces`, the default, or :class:`Gpt2Pieces`)."""
+    word boundaries (:class:`SubwordNmtPieces`, the default, or :class:`Gpt2Pieces`).
+
+    Every input has a prompt (``<prompt>`` and what follows): CommonGen concept set i the BPE'd
+    ``bpe_dir/prompts.txt`` line i mod n (when that file exists; else no prompt), a held-back
+    sentence its first ``prompt_words`` words (0: no prompt), its content K tokens from a random place
+    after them. ``SET.prompt.src`` (the prompted LM) holds the content before the prompt, as the
+    authors' "prompted GPT-2"."""
     pieces = pieces or SubwordNmtPieces()
     ensure_dir(out)
     concepts_path = f"{bpe_dir}/cg.concepts.txt"
     concepts = read_lines(concepts_path, "BPE'd concepts", allow_empty_lines=False)
     words = [c.split() for c in concepts]
+    prompts_path = f"{bpe_dir}/prompts.txt"
+    prompts = read_lines(prompts_path, "BPE'd prompts", allow_empty_lines=False) if os.path.isfile(prompts_path) else []
 
     def group(ws: List[str]) -> List[str]:
         # concept words as BPE'd: a concept is a word and the pieces that continue it
-        out: List[List[str]] = []
-        for i, w in enumerate(ws):
-            if out and pieces.continues(ws, i):
-                out[-1].append(w)
-            else:
-                out.append([w])
-        return [" ".join(g) for g in out]
+        return [" ".join(ws[i:j]) for i, j in word_spans(ws, pieces)]
 
-    sep = " <sep> " if content_mode == "separate" else " "
-    write_lines(f"{out}/cg.src", (sep.join(group(ws)) for ws in words))
-    write_lines(f"{out}/cg.prompt.src", ("<prompt> " + " ".join(ws) for ws in words))
+    def inputs(content_parts: List[str], prompt: str):
+        sep = " <sep> " if content_mode == "separate" else " "
+        tail = f" <prompt> {prompt}" if prompt else ""
+        joined = " ".join(content_parts)
+        return sep.join(content_parts) + tail, "<prompt> " + (f"{joined} {prompt}" if prompt else joined)
+
+    rows = [inputs(group(ws), prompts[i % len(prompts)] if prompts else "") for i, ws in enumerate(words)]
+    write_lines(f"{out}/cg.src", (r[0] for r in rows))
+    write_lines(f"{out}/cg.prompt.src", (r[1] for r in rows))
     held = [x.split() for x in read_lines(f"{bpe_dir}/heldout.txt", "BPE'd held-back text")]
     rng = random.Random(seed)
     for k in lengths:
-        spans = []
+        rows, contents = [], []
         for toks in held:
-            if len(toks) < k:
+            spans = word_spans(toks, pieces)
+            if len(spans) <= prompt_words:
                 continue
-            i = rng.randint(0, len(toks) - k)
+            start = spans[prompt_words][0] if prompt_words else 0  # the content starts after the prompt
+            if len(toks) - start < k:
+                continue
+            i = rng.randint(start, len(toks) - k)
             # do not start or end inside a word
-            while pieces.continues(toks, i):
+            while i > start and pieces.continues(toks, i):
                 i -= 1
             j = i + k
             while j > i and j < len(toks) and pieces.continues(toks, j):
                 j -= 1
             if j > i:
-                spans.append(toks[i:j])
-        if not spans:
-            raise DataError(f"{bpe_dir}/heldout.txt", 0, f"no held-back sentence has {k} tokens")
-        write_lines(f"{out}/ht{k}.src", (" ".join(s) for s in spans))
-        write_lines(f"{out}/ht{k}.prompt.src", ("<prompt> " + " ".join(s) for s in spans))
-        write_lines(f"{out}/ht{k}.content", (pieces.text(s) for s in spans))
-        print(f"ht{k}: {len(spans)} contents of up to {k} BPE tokens")
+                rows.append(inputs([" ".join(toks[i:j])], " ".join(toks[:start])))
+                contents.append(pieces.text(toks[i:j]))
+        if not rows:
+            raise DataError(f"{bpe_dir}/heldout.txt", 0, f"no held-back sentence has {prompt_words} words and {k} tokens")
+        write_lines(f"{out}/ht{k}.src", (r[0] for r in rows))
+        write_lines(f"{out}/ht{k}.prompt.src", (r[1] for r in rows))
+        write_lines(f"{out}/ht{k}.content", contents)
+        print(f"ht{k}: {len(rows)} contents of up to {k} BPE tokens after a {prompt_words}-word prompt")
 
 
 def make_benchmark_data(workdir: str, n_train: int, n_valid: int, sizes=None):
@@ -342,6 +394,8 @@ def main(argv=None):
     i.add_argument("--content-mode", choices=["separate", "joined"], default="separate")
     i.add_argument("--content-lengths", default="5,10,20")
     i.add_argument("--seed", type=int, default=1)
+    i.add_argument("--prompt-words", type=int, default=3, help="held-back inputs: the sentence's first N words are "
+                   "the prompt (0: none)")
     i.add_argument("--gpt2-bpe", metavar="DIR", help="the BPE is GPT-2's (DIR: encoder.json, vocab.bpe)")
     g = sub.add_parser("gpt2-bpe", help="encode RAW/FILE... into OUT/FILE... with GPT-2's BPE (fairseq's)")
     g.add_argument("--gpt2-dir", required=True, help="folder with encoder.json and vocab.bpe")
@@ -356,7 +410,7 @@ def main(argv=None):
     else:
         lengths = [int(x) for x in a.content_lengths.split(",")]
         pieces = Gpt2Pieces(a.gpt2_bpe) if a.gpt2_bpe else None
-        make_inputs(a.bpe_dir, a.out, a.content_mode, lengths, a.seed, pieces)
+        make_inputs(a.bpe_dir, a.out, a.content_mode, lengths, a.seed, pieces, a.prompt_words)
 
 
 if __name__ == "__main__":

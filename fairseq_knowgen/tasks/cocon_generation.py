@@ -51,6 +51,7 @@ from ..optim_utils import no_optimizer_step
 from ..textio import DataError, read_lines
 
 COCON_MODES = ChoiceEnum(["cocon", "lm"])
+SAMPLE_MODES = ChoiceEnum(["window", "lines"])
 
 
 def unwrap(model):
@@ -64,7 +65,17 @@ def unwrap(model):
 class CoConGenerationConfig(FairseqDataclass):
     data: Optional[str] = field(default=None, metadata={"help": "data folder: dict.txt, binarized text splits"})
     tokens_per_sample: int = field(
-        default=256, metadata={"help": "longest training sentence in tokens (longer ones are cut)"}
+        default=256, metadata={"help": "--cocon-sample-mode lines: longest training line in tokens (longer ones are cut)"}
+    )
+    cocon_sample_mode: SAMPLE_MODES = field(
+        default="window",
+        metadata={
+            "help": "training samples: window (fixed-length windows of running text, no </s> inside, as the authors) "
+            "or lines (each line with its </s>: this package's earlier samples)"
+        },
+    )
+    cocon_window: int = field(
+        default=30, metadata={"help": "--cocon-sample-mode window: tokens per window (the authors': 10 + 20)"}
     )
     cocon_source_suffix: str = field(
         default="src", metadata={"help": "decoding inputs are read from DATA/SPLIT.SUFFIX when that file exists"}
@@ -75,6 +86,14 @@ class CoConGenerationConfig(FairseqDataclass):
     )
     cocon_mode: COCON_MODES = field(
         default="cocon", metadata={"help": "'lm': decode with the frozen LM alone (the CoCon block skipped)"}
+    )
+    cocon_fixed_len: int = field(
+        default=0,
+        metadata={
+            "help": "N > 0: every output is its prompt and exactly N generated tokens, no </s> before them (the "
+            "authors decode a fixed 50 or 80 tokens with no EOS id); 0: fairseq's own stop at </s> within "
+            "--max-len-a/--max-len-b"
+        },
     )
     seed: int = II("common.seed")
 
@@ -142,6 +161,69 @@ class CoConTextDataset(_SizedDataset):
         }
 
 
+class CoConWindowDataset(_SizedDataset):
+    """Fixed-length windows of running text (the authors' training samples: ``JsonlCoconDataset``
+    cuts ``block_size`` = 30 tokens from a random place of each text at least that long).
+
+    Here every line (a paragraph or a text, binarized with its ``</s>``) of n >= W tokens gives
+    floor(n / W) non-overlapping windows of W tokens, ``</s>`` never among them; they start at an
+    offset drawn in 0..n - floor(n / W) W per line and epoch (``set_epoch``; seeded by ``seed`` and
+    the epoch, so a resumed run draws the same), or at 0 when ``fixed`` (validation). A sample's
+    ``target`` is the window itself, ``prev_output_tokens`` is ``</s>`` (the LM's start symbol) and
+    the window but its last token."""
+
+    def __init__(self, dataset, dictionary: Dictionary, window: int, seed: int = 1, fixed: bool = False):
+        self.dataset, self.dictionary, self.window, self.seed, self.fixed = dataset, dictionary, window, seed, fixed
+        n = np.array(dataset.sizes) - 1  # tokens before </s>
+        per_line = np.where(n >= window, n // max(window, 1), 0)
+        self.line = np.repeat(np.arange(len(n)), per_line)  # window -> its line
+        self.slot = np.arange(len(self.line)) - np.repeat(np.cumsum(per_line) - per_line, per_line)
+        self.slack = n - per_line * window  # free tokens of each line: the offset's range
+        self.sizes = np.full(len(self.line), window, dtype=np.int64)
+        self.offsets = np.zeros(len(n), dtype=np.int64)
+        self.set_epoch(1)
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return True  # the windows' sizes never change: only their offsets
+
+    def ordered_indices(self):
+        """Training windows in a random order (fairseq draws it under its seed), so that a batch mixes
+        documents; validation windows in file order."""
+        return np.arange(len(self)) if self.fixed else np.random.permutation(len(self))
+
+    def set_epoch(self, epoch):
+        if self.fixed:
+            return
+        rng = np.random.default_rng([self.seed, epoch])
+        self.offsets = np.floor(rng.random(len(self.slack)) * (self.slack + 1)).astype(np.int64)
+
+    def __len__(self):
+        return len(self.line)
+
+    def __getitem__(self, i):
+        line = int(self.line[i])
+        start = int(self.offsets[line]) + int(self.slot[i]) * self.window
+        return {"id": i, "text": self.dataset[line][start : start + self.window].long()}
+
+    def collater(self, samples):
+        if not samples:
+            return {}
+        d = self.dictionary
+        texts = torch.stack([s["text"] for s in samples])
+        return {
+            "id": torch.LongTensor([s["id"] for s in samples]),
+            "nsentences": len(samples),
+            "ntokens": texts.numel(),
+            "net_input": {
+                "src_tokens": texts,
+                "src_lengths": torch.full((len(samples),), texts.size(1), dtype=torch.long),
+                "prev_output_tokens": torch.cat([texts.new_full((len(samples), 1), d.eos()), texts[:, :-1]], dim=1),
+            },
+            "target": texts,
+        }
+
+
 class CoConSourceDataset(_SizedDataset):
     """Decoding inputs ``content <sep> content <prompt> prompt`` as token tensors."""
 
@@ -170,6 +252,21 @@ class CoConSourceDataset(_SizedDataset):
             },
             "target": None,
         }
+
+
+def fixed_length(hypo, keep: int, eos: int):
+    """A hypothesis of fairseq's generator cut to its first ``keep`` tokens and ``</s>`` (whose
+    positional score is 0: it was not generated there); its score is the mean of the kept ones."""
+    toks = hypo["tokens"]
+    if toks.numel() <= keep + 1:
+        return hypo
+    kept = hypo["positional_scores"][:keep]
+    return {
+        **hypo,
+        "tokens": torch.cat([toks[:keep], toks.new_tensor([eos])]),
+        "positional_scores": torch.cat([kept, kept.new_zeros(1)]),
+        "score": kept.mean(),
+    }
 
 
 def split_source(tokens: List[int], d: Dictionary):
@@ -253,6 +350,17 @@ class CoConGenerationTask(FairseqTask):
         if data is None:
             print(f"error: {base}: neither binarized text ({base}.bin) nor decoding inputs ({text})", file=sys.stderr)
             sys.exit(2)
+        if str(self.cfg.cocon_sample_mode) == "window":
+            windows = CoConWindowDataset(
+                data, self.dictionary, self.cfg.cocon_window, self.cfg.seed, fixed=not split.startswith("train")
+            )
+            if len(windows) == 0:
+                print(f"error: {base}: no line of at least --cocon-window {self.cfg.cocon_window} tokens (the "
+                      "windows are cut from lines of running text; --cocon-sample-mode lines reads short lines)",
+                      file=sys.stderr)
+                sys.exit(2)
+            self.datasets[split] = windows
+            return
         self.datasets[split] = CoConTextDataset(data, self.dictionary, self.cfg.tokens_per_sample)
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
@@ -334,7 +442,20 @@ class CoConGenerationTask(FairseqTask):
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         new, prompt = self.conditioned_sample(sample)
-        with torch.no_grad():
-            return generator.generate(
-                models, new, prefix_tokens=prompt if prefix_tokens is None else prefix_tokens, constraints=constraints
-            )
+        prompt = prompt if prefix_tokens is None else prefix_tokens
+        n = self.cfg.cocon_fixed_len
+        if n <= 0:
+            with torch.no_grad():
+                return generator.generate(models, new, prefix_tokens=prompt, constraints=constraints)
+        # fixed length: the batch's longest prompt + N steps with </s> forbidden before them, then each row cut
+        # to its own prompt + N tokens (fairseq's generator has one length per batch)
+        width = 0 if prompt is None else prompt.size(1)
+        saved = generator.min_len, generator.max_len_a, generator.max_len_b
+        generator.min_len, generator.max_len_a, generator.max_len_b = width + n, 0, width + n
+        try:
+            with torch.no_grad():
+                hypos = generator.generate(models, new, prefix_tokens=prompt, constraints=constraints)
+        finally:
+            generator.min_len, generator.max_len_a, generator.max_len_b = saved
+        lengths = [0] * len(hypos) if prompt is None else prompt.ne(self.dictionary.pad()).sum(1).tolist()
+        return [[fixed_length(h, lengths[b] + n, self.dictionary.eos()) for h in row] for b, row in enumerate(hypos)]

@@ -431,9 +431,10 @@ class CoConCriterion(FairseqCriterion):
         position and at each fed-back step; the adversarial loss's fake side)."""
         inc = {}
         h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
-        h, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
-        states = [h[-1:]]
-        feats = dec.upper(h, inc)[:, -1:]
+        h_block, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
+        states = [h_block[-1:]]
+        # Eq. 7: the LM's own states before the prefix's last token
+        feats = dec.upper(dec.with_prefix_states(h, h_block, h.size(0) - 1), inc)[:, -1:]
         toks, ys = prefix_inputs, []
         emb = dec.lm.embed_tokens.weight
         for s in range(self.cycle_steps):
@@ -480,13 +481,14 @@ class CoConCriterion(FairseqCriterion):
         q_states, q_pad = dec.encode_content_tensor(q)
         q1, fake = self.generate_soft(dec, prev[perm, : tc + 1], q_states, q_pad)  # B x S x V, B x S x C
         mask = span_mask(T, torch.full_like(n_words, tc), q_len, n_words) & valid[:, None]
-        return {"n": n, "q1": q1, "fake": fake, "mask": mask, "valid": valid, "h": h[:, :n], "target": target}
+        return {"n": n, "q1": q1, "fake": fake, "mask": mask, "valid": valid, "h": h[:, :n], "target": target, "tc": tc}
 
     def cycle_loss(self, model, cyc, pad_mask):
         """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their number."""
         dec = model.decoder
         c1, _ = dec.encode_contents(None, cyc["target"].device, soft=cyc["q1"] @ dec.lm.embed_tokens.weight)
         h2, _ = dec.block(cyc["h"], c1.transpose(0, 1))
+        h2 = dec.with_prefix_states(cyc["h"], h2, cyc["tc"])
         pad_mask = pad_mask[: cyc["n"]] if pad_mask is not None else None
         return self.nll(dec, h2, pad_mask, cyc["target"], cyc["mask"]), cyc["mask"].sum()
 
@@ -515,6 +517,7 @@ class CoConCriterion(FairseqCriterion):
         pad_mask = None
         content, c_states, c_pad, qmask = self.self_content(dec, target, t, m, gen)
         h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
+        h_self = dec.with_prefix_states(h, h_self, t)  # Eq. 7: the LM's own states before x^a's last token
         self_logits = self.logits(dec, h_self, pad_mask)
         l_self = self.nll(dec, h_self, pad_mask, target, loss_mask, logits=self_logits)
         loss = self.w_self * l_self
@@ -526,6 +529,7 @@ class CoConCriterion(FairseqCriterion):
             log["loss_bow"], log["ntokens_bow"] = l_bow.detach(), n_bow
         if self.w_null:
             h_null, _ = dec.block(h)
+            h_null = dec.with_prefix_states(h, h_null, t)
             l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
             loss = loss + self.w_null * l_null
             log["loss_null"] = l_null.detach()

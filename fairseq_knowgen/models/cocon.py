@@ -69,6 +69,7 @@ from ..modules.cocon_block import CONTENT_KV, CONTENT_KV_INIT, INITS, CoConBlock
 from ..modules.cocon_discriminator import DISCRIMINATORS, HiddenStateDiscriminator, build_discriminator
 
 SEP, PROMPT = "<sep>", "<prompt>"
+PREFIX_STATES = ("lm", "block")
 
 
 def default_cocon_layer(n_layers: int) -> int:
@@ -202,10 +203,24 @@ class CoConEncoder(FairseqEncoder):
             rows.append(contents)
         return rows
 
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, content_tau: Optional[Tensor] = None):
-        """src_tokens: ``B x S_raw``; content_tau: 1-D, tau of content k (the last repeats).
-        Returns ``content`` ``[S x B x C]``, ``content_padding_mask`` ``[B x S]``,
-        ``content_bias`` ``[B x S]``."""
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_lengths: Optional[Tensor] = None,
+        content_tau: Optional[Tensor] = None,
+        prompt_lengths: Optional[Tensor] = None,
+    ):
+        """src_tokens: ``B x S_raw``; content_tau: 1-D, tau of content k (the last repeats);
+        prompt_lengths: ``B``, the prompt tokens each row's output starts with (the decoder keeps the
+        LM's own states before the prompt's last token: Eq. 7). Returns ``content`` ``[S x B x C]``,
+        ``content_padding_mask`` ``[B x S]``, ``content_bias`` ``[B x S]``, ``content_rows`` and
+        ``prompt_lengths`` ``[B]`` (empty list without prompts)."""
+        out = self.encode(src_tokens, content_tau)
+        out["prompt_lengths"] = [] if prompt_lengths is None else [prompt_lengths]
+        return out
+
+    def encode(self, src_tokens: Tensor, content_tau: Optional[Tensor] = None):
+        """The content part of :meth:`forward` (its outputs but ``prompt_lengths``)."""
         contents_of = self.split_contents(src_tokens)
         dec = self.decoder_ref
         B, dev = src_tokens.size(0), src_tokens.device
@@ -253,6 +268,8 @@ class CoConEncoder(FairseqEncoder):
         content states by it when the decoder first needs them."""
         out = dict(encoder_out)
         out["content_rows"] = [encoder_out["content_rows"][0].index_select(0, new_order)]
+        if encoder_out.get("prompt_lengths"):
+            out["prompt_lengths"] = [encoder_out["prompt_lengths"][0].index_select(0, new_order)]
         return out
 
     def max_positions(self):
@@ -294,6 +311,13 @@ class CoConDecoder(FairseqIncrementalDecoder):
         )
         self.lm_vocab = lm.output_projection.out_features
         self.bypass = False
+        self.prefix_states = args.cocon_prefix_states
+        # decoding with a fixed length (the task's --cocon-fixed-len): </s> gets no probability before each row's
+        # prompt and this many new tokens, whatever step fairseq's search is at (it forces prompts of several
+        # lengths for the batch's longest one, and bans </s> only after)
+        self.min_new_tokens = 0
+        # marks checkpoints saved since --cocon-prefix-states existed (earlier ones decoded with "block")
+        self.register_buffer("cocon_version", torch.tensor(2))
 
     # -- the LM's pieces ------------------------------------------------------------------
     def embed(
@@ -406,6 +430,18 @@ class CoConDecoder(FairseqIncrementalDecoder):
         return h[1:].transpose(0, 1), toks[:, 1:].eq(pad)
 
     # -- fairseq decoder interface --------------------------------------------------------
+    def with_prefix_states(self, h: Tensor, h_block: Tensor, prefix_len, start: int = 0) -> Tensor:
+        """What ``dec`` receives (Eq. 7, ``o~_t = dec([h_{:t-2}; h'_{t-1}])``): at positions before
+        ``prefix_len`` (an int or ``B`` per row: positions 0 .. prefix_len - 1 hold ``</s>`` and the
+        prefix but its last token) the LM's own states ``h``, from the prefix's last token on the
+        block's ``h_block`` (``T x B x C``, positions ``start`` ..). With ``--cocon-prefix-states
+        block`` (or no prefix length) ``h_block`` everywhere."""
+        if self.prefix_states != "lm" or prefix_len is None:
+            return h_block
+        pos = torch.arange(start, start + h.size(0), device=h.device)[:, None]  # T x 1
+        keep = pos < (prefix_len[None, :] if torch.is_tensor(prefix_len) else prefix_len)
+        return torch.where(keep.unsqueeze(-1), h, h_block)
+
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         h, pad = self.lower(prev_output_tokens, incremental_state)
         if not self.bypass:
@@ -415,7 +451,10 @@ class CoConDecoder(FairseqIncrementalDecoder):
                 content = encoder_out["content"][0]
                 mask, bias = encoder_out["content_padding_mask"][0], encoder_out["content_bias"][0]
                 rows = encoder_out["content_rows"][0]
-            h, _ = self.block(h, content, mask, bias, incremental_state=incremental_state, content_rows=rows)
+            h_block, _ = self.block(h, content, mask, bias, incremental_state=incremental_state, content_rows=rows)
+            prompt = encoder_out.get("prompt_lengths") if encoder_out is not None else None
+            start = prev_output_tokens.size(1) - h.size(0)  # the first new position (incremental: the last)
+            h = self.with_prefix_states(h, h_block, prompt[0] if prompt else None, start)
         return self.upper(h, incremental_state, pad), {"attn": [None]}
 
     def output_layer(self, features):
@@ -426,7 +465,18 @@ class CoConDecoder(FairseqIncrementalDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
-        return (x if features_only else self.output_layer(x)), extra
+        if features_only:
+            return x, extra
+        logits = self.output_layer(x)
+        if self.min_new_tokens and encoder_out is not None:
+            prompt = encoder_out.get("prompt_lengths")
+            lengths = prompt[0] if prompt else torch.zeros(x.size(0), dtype=torch.long, device=x.device)
+            start = prev_output_tokens.size(1) - x.size(1)
+            pos = torch.arange(start, start + x.size(1), device=x.device)[None, :]  # the output token each predicts
+            early = pos < (lengths[:, None] + self.min_new_tokens)  # B x T
+            eos = self.dictionary.eos()
+            logits[:, :, eos] = logits[:, :, eos].masked_fill(early, float("-inf"))
+        return logits, extra
 
     def max_positions(self):
         return self.lm.max_positions()
@@ -497,6 +547,13 @@ class CoConModel(FairseqEncoderDecoderModel):
             "the authors' keys",
         )
         parser.add_argument(
+            "--cocon-prefix-states",
+            choices=PREFIX_STATES,
+            help="what the upper layers read before the prefix's (prompt's) last token: lm (the LM's own states, as "
+            "Eq. 7 and the authors; default) or block (the block's output at every position: this package's "
+            "earlier choice, which checkpoints saved before the flag keep)",
+        )
+        parser.add_argument(
             "--cocon-disc",
             choices=DISCRIMINATORS,
             help="the adversarial loss's discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled; "
@@ -529,13 +586,17 @@ class CoConModel(FairseqEncoderDecoderModel):
         disc = build_discriminator(args.cocon_disc, dim, args.cocon_disc_dim) if adversarial else None
         return cls(args, encoder, decoder, disc)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, cocon_loss=None, **kwargs):
+    def forward(
+        self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, prompt_lengths=None, cocon_loss=None, **kwargs
+    ):
         """The decoder's output for ``prev_output_tokens`` given the contents in ``src_tokens``;
         with ``cocon_loss`` (the ``cocon`` criterion's), that function of this model instead, so
         that a DDP wrapper sees the whole loss computation in one forward."""
         if cocon_loss is not None:
             return cocon_loss(self)
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, content_tau=content_tau)
+        encoder_out = self.encoder(
+            src_tokens, src_lengths=src_lengths, content_tau=content_tau, prompt_lengths=prompt_lengths
+        )
         return self.decoder(prev_output_tokens, encoder_out=encoder_out)
 
     def train(self, mode: bool = True):
@@ -559,6 +620,11 @@ class CoConModel(FairseqEncoderDecoderModel):
         if has_text and not has_prev and hasattr(self.decoder.block.attn, "content_prev_k_proj"):
             self.decoder.block.attn.drop_content_prev_key()
             self.args.cocon_content_prev_key = 0
+        # a checkpoint saved before --cocon-prefix-states existed decoded with the block's states everywhere
+        version = (name + "." if name else "") + "decoder.cocon_version"
+        if version not in state_dict:
+            state_dict[version] = self.decoder.cocon_version.clone()
+            self.decoder.prefix_states = self.args.cocon_prefix_states = "block"
         # a checkpoint saved before --cocon-disc existed holds the MLP discriminator
         disc_prefix = (name + "." if name else "") + "discriminator."
         if disc_prefix + "fc1.weight" in state_dict and not isinstance(self.discriminator, HiddenStateDiscriminator):
@@ -592,6 +658,7 @@ def cocon_lm_architecture(args):
     args.cocon_zero_init = 0 if zi is None else zi
     args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 128
     args.cocon_disc = getattr(args, "cocon_disc", None) or "cnn"
+    args.cocon_prefix_states = getattr(args, "cocon_prefix_states", None) or "lm"
     # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
     args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"
     args.cocon_content_kv_init = getattr(args, "cocon_content_kv_init", None) or "fresh"

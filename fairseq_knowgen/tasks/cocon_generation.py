@@ -391,6 +391,8 @@ class CoConGenerationTask(FairseqTask):
             sys.exit(2)
         if str(self.cfg.cocon_mode) == "lm" and hasattr(model, "decoder") and hasattr(model.decoder, "bypass"):
             model.decoder.bypass = True
+        if hasattr(model, "decoder") and hasattr(model.decoder, "min_new_tokens"):
+            model.decoder.min_new_tokens = max(self.cfg.cocon_fixed_len, 0)
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
@@ -437,6 +439,8 @@ class CoConGenerationTask(FairseqTask):
             "src_tokens": src.to(dev),
             "src_lengths": torch.tensor([len(c) for c, _ in rows], device=dev),
             "content_tau": torch.tensor(self.taus),
+            # the upper layers read the LM's own states before each prompt's last token (Eq. 7)
+            "prompt_lengths": torch.tensor([len(p) for _, p in rows], device=dev),
         }
         return {**sample, "net_input": net_input}, prefix
 
@@ -447,15 +451,16 @@ class CoConGenerationTask(FairseqTask):
         if n <= 0:
             with torch.no_grad():
                 return generator.generate(models, new, prefix_tokens=prompt, constraints=constraints)
-        # fixed length: the batch's longest prompt + N steps with </s> forbidden before them, then each row cut
-        # to its own prompt + N tokens (fairseq's generator has one length per batch)
+        # fixed length: no </s> before each row's prompt + N tokens (the model bans it: build_model), at most the
+        # batch's longest prompt + N steps (fairseq's generator has one length per batch), then each row cut to
+        # its own prompt + N tokens
         width = 0 if prompt is None else prompt.size(1)
-        saved = generator.min_len, generator.max_len_a, generator.max_len_b
-        generator.min_len, generator.max_len_a, generator.max_len_b = width + n, 0, width + n
+        saved = generator.max_len_a, generator.max_len_b
+        generator.max_len_a, generator.max_len_b = 0, width + n
         try:
             with torch.no_grad():
                 hypos = generator.generate(models, new, prefix_tokens=prompt, constraints=constraints)
         finally:
-            generator.min_len, generator.max_len_a, generator.max_len_b = saved
+            generator.max_len_a, generator.max_len_b = saved
         lengths = [0] * len(hypos) if prompt is None else prompt.ne(self.dictionary.pad()).sum(1).tolist()
         return [[fixed_length(h, lengths[b] + n, self.dictionary.eos()) for h in row] for b, row in enumerate(hypos)]

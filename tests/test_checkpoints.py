@@ -143,47 +143,91 @@ def test_train_stop_resume_generate(tiny_bin, tmp_path):
     assert gen.stdout.count("\nH-") == 24
 
 
+def _training_state(path):
+    """What a resumed run must reproduce: weights, optimizer state (Adam's step and moments), the
+    schedule's state, the update count and the position in the data."""
+    state = torch.load(path)
+    return {
+        "model": state["model"],
+        "optimizer": state["last_optimizer_state"],
+        "history": state["optimizer_history"][-1],
+        "iterator": state["extra_state"]["train_iterator"],
+    }
+
+
+def _unequal(a, b, where=""):
+    """The paths at which two nested checkpoint structures differ (tensors by torch.equal)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        return [] if same else [where]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where} keys {sorted(set(a) ^ set(b), key=str)}"]
+        return [d for k in a for d in _unequal(a[k], b[k], f"{where}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where} length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _unequal(x, y, f"{where}/{i}")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
 def test_resume_is_exact(tiny_bin, tmp_path):
-    """9 updates in one go equal 3 updates, a stop, and a resume with --restore-file to 9, bit for bit:
-    every parameter (torch.equal) and the exact loss of every update. With dropout 0.1, stopping in
-    the middle of epoch 1 (5 batches an epoch) and resuming across the start of epoch 2: what makes it
-    exact is fairseq reseeding torch's RNG with seed + num_updates before every update (dropout), the
-    saved position in the epoch and the per-epoch shuffle seed (data order), and the saved Adam state.
-    tests/ddp_worker.py records the unrounded losses and the final parameters."""
+    """17 updates in one go equal the same training stopped and resumed twice, bit for bit: every
+    parameter and every tensor of Adam's state (torch.equal), the schedule, the data position and the
+    exact loss of every update. 5 batches an epoch, dropout 0.1, the package's translation_constrained
+    task. The interrupted run stops at the end of epoch 1 (update 5), is resumed and crashes
+    (``os._exit``, no clean-up) after update 14, in epoch 3, so that it resumes from its last
+    interval checkpoint (update 12, the middle of epoch 3) and runs to 17 (epoch 4).
+
+    What makes it exact: fairseq reseeds torch's RNG with seed + num_updates before every update
+    (dropout), saves the position in the epoch, the per-epoch shuffle seed and Adam's state, and
+    :mod:`fairseq_knowgen.exact_resume` makes a resumed run build its batches as the uninterrupted
+    run built them, at epoch 1 (fairseq alone builds them anew with the seed of the epoch it resumes
+    in: 87 of the 89 parameters differed here without it). tests/ddp_worker.py records the
+    unrounded losses."""
     args = [
         tiny_bin,
         *TRAIN_COMMON,
+        "--task",
+        "translation_constrained",
         "--arch",
         "transformer_dimattn",
         *TINY_MODEL,
         "--dropout",
         "0.1",
+        "--save-interval-updates",
+        "3",
+        "--disable-validation",
     ]
-    run_cli("tests/ddp_worker.py", tmp_path / "a.pt", *args, "--max-update", "9", "--save-dir", tmp_path / "a")
-    run_cli("tests/ddp_worker.py", tmp_path / "b1.pt", *args, "--max-update", "3", "--save-dir", tmp_path / "b")
-    out = run_cli(
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    run_cli("tests/ddp_worker.py", tmp_path / "a.pt", *args, "--max-update", "17", "--save-dir", a)
+    run_cli("tests/ddp_worker.py", tmp_path / "b1.pt", *args, "--max-update", "5", "--save-dir", b)
+    crash = run_cli(
         "tests/ddp_worker.py",
         tmp_path / "b2.pt",
         *args,
         "--max-update",
-        "9",
+        "17",
         "--save-dir",
-        tmp_path / "b",
-        "--restore-file",
-        tmp_path / "b" / "checkpoint_last.pt",
+        b,
+        check=False,
+        env={"DDP_WORKER_EXIT_AFTER_UPDATE": "14"},
     )
+    assert crash.returncode == 3, crash.stderr[-2000:]
+    log = crash.stdout + crash.stderr
+    assert "(epoch 2 @ 5 updates)" in log and "begin training epoch 3" in log
+    out = run_cli("tests/ddp_worker.py", tmp_path / "b3.pt", *args, "--max-update", "17", "--save-dir", b)
     log = out.stdout + out.stderr
-    assert "(epoch 1 @ 3 updates)" in log and "begin training epoch 2" in log
-    a, b1, b2 = (torch.load(tmp_path / f"{r}.pt") for r in ("a", "b1", "b2"))
-    assert a["num_updates"] == b2["num_updates"] == 9
-    assert len(a["losses"]) == 9 and a["losses"] == b1["losses"] + b2["losses"]
-    assert a["params"].keys() == b2["params"].keys()
-    different = [k for k in a["params"] if not torch.equal(a["params"][k], b2["params"][k])]
-    assert not different, f"parameters differ after resuming: {different}"
-    # the checkpoints written at the end hold the same weights as the models in memory
-    ck_a = torch.load(tmp_path / "a" / "checkpoint_last.pt")["model"]
-    ck_b = torch.load(tmp_path / "b" / "checkpoint_last.pt")["model"]
-    assert all(torch.equal(ck_a[k], ck_b[k]) for k in ck_a)
+    assert "(epoch 3 @ 12 updates)" in log and "begin training epoch 4" in log
+    ra, rb1, rb3 = (torch.load(tmp_path / f"{r}.pt") for r in ("a", "b1", "b3"))
+    assert ra["num_updates"] == rb3["num_updates"] == 17
+    different = [k for k in ra["params"] if not torch.equal(ra["params"][k], rb3["params"][k])]
+    assert not different, f"{len(different)} of {len(ra['params'])} parameters differ after resuming: {different[:5]}"
+    assert len(ra["losses"]) == 17 and ra["losses"][:5] == rb1["losses"] and ra["losses"][12:] == rb3["losses"]
+    full, resumed = _training_state(a / "checkpoint_last.pt"), _training_state(b / "checkpoint_last.pt")
+    assert full["history"]["num_updates"] == 17 and full["optimizer"]["state"]
+    assert not _unequal(full, resumed), _unequal(full, resumed)[:10]
 
 
 def test_checkpoint_with_empty_optimizer_history_loads(tmp_path):

@@ -21,6 +21,7 @@ LAYERS = {
     "textio": 0,
     "text": 0,
     "checkpoint_compat": 0,
+    "exact_resume": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
     "optim_utils": 1,

@@ -155,7 +155,11 @@ class CoConCriterionConfig(FairseqDataclass):
     )
     cocon_cycle_temperature: float = field(default=1.0, metadata={"help": "T of the soft tokens"})
     cocon_cycle_sentences: int = field(
-        default=32, metadata={"help": "the cycle runs on the batch's first N sentences (its cost grows with N x vocab)"}
+        default=16,
+        metadata={
+            "help": "the cycle runs on the batch's first N samples (the authors' cycle batch: 16; its cost grows "
+            "with N x vocab)"
+        },
     )
     cocon_disc_update_freq: int = field(
         default=5,
@@ -285,7 +289,7 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_steps=20,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
-        cocon_cycle_sentences=32,
+        cocon_cycle_sentences=16,
         cocon_disc_update_freq=5,
         cocon_adv_fake="generated",
         cocon_adv_loss="minimax",

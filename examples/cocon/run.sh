@@ -34,7 +34,7 @@
 #       CYCLE_START, ADV_START: 6.5% of COCON_MAX_UPDATE (the authors' 2,000 of ~31,000 steps)
 #       SAMPLE_MODE=window (30-token windows of running text, as the authors; 'lines': each sentence line with
 #                    its </s>, from bin/sent: the earlier samples)
-#       COCON_MAX_TOKENS=2048 (CoCon's batches: each update runs the LM ~4 times)
+#       COCON_BATCH=16 (samples per update, the authors'; each update runs the LM ~4 times)
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-content-prev-key 1",
 #                    "--cocon-cycle-weight 0 --cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
 #       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1"
@@ -72,7 +72,7 @@ SAMPLE_MODE=${SAMPLE_MODE:-window}; ARGS=${ARGS:-}
 TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1}
 FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
-MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_MAX_TOKENS=${COCON_MAX_TOKENS:-2048}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
+MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_BATCH=${COCON_BATCH:-16}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -195,7 +195,7 @@ if stage 5; then
     --cocon-lm-path "$LM" "${layer[@]}" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
     "${optim[@]}" --lr "$COCON_LR" --clip-norm 1.0 \
-    --max-tokens "$COCON_MAX_TOKENS" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
+    --batch-size "$COCON_BATCH" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
     --log-interval 100 $ARGS $TRAIN_ARGS
 fi
 if stage 6; then

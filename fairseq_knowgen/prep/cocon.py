@@ -1,32 +1,37 @@
-"""Text for CoCon (``examples/cocon/run.sh``): the LM corpus, the contents to decode from, and a
-tiny data set for the benchmark.
+"""Text for CoCon (``examples/cocon/run.sh``): the LM corpus, the contents and prompts to decode
+from, and a tiny data set for the benchmark.
 
-``corpus``: sentences for the base LM, the judge LM and CoCon, lower-cased and Moses-tokenized as
-the rest of the package (:func:`fairseq_knowgen.text.moses_tokenize`):
+``corpus``: running text for the base LM, the judge LM and CoCon, lower-cased and Moses-tokenized
+as the rest of the package (:func:`fairseq_knowgen.text.moses_tokenize`), one paragraph or text a
+line, in documents:
 
-- wikitext-2 (``--wikitext``, e.g. its ``valid.txt``): headings and empty lines dropped, its
-  ``@-@``/``@,@``/``@.@`` joins undone, paragraphs split into sentences after `` . `` / ``?`` / ``!``,
-  sentences with ``<unk>`` dropped;
-- the CommonGen training references (``--commongen``: through :mod:`.commongen`, which also writes
-  the dev concept sets into ``OUT/commongen/``: ``valid.src`` concepts, ``valid.concepts``,
-  ``valid.refs.jsonl``, ``valid.tgt`` the first reference);
-- the WebNLG training texts (``--webnlg``, read by :func:`.webnlg.read_entries`).
+- WikiText-2 (``--wikitext``, e.g. its ``valid.txt``): each article a document, its paragraphs in
+  order (:func:`wikitext_articles`: headings and empty lines dropped, the ``@-@``/``@,@``/``@.@``
+  joins undone, sentences with ``<unk>`` left out of their paragraph);
+- WebNLG (``--webnlg``, its ``train/``, read by :func:`.webnlg.read_entries`): each entry a
+  document, its texts one a line;
+- CommonGen (``--commongen``, through :mod:`.commongen`, which also writes the dev concept sets
+  into ``OUT/commongen/``): each training reference a document of one line.
 
-Sentences of ``--min-len``..``--max-len`` tokens are kept, shuffled (``--seed``), and split into
-``heldout.txt`` (``--heldout`` sentences of wikitext/WebNLG, never trained on: the contents of the
-paper's own set-up), ``valid.txt`` (``--valid``) and ``train.txt``; ``train.judge.txt`` holds the
-same training sentences in another order (for the judge LM).
+Whole WikiText and WebNLG documents are held back until ``--heldout`` sentences of
+``--min-len``..``--max-len`` tokens are collected (``heldout.txt``, one sentence a line, only the
+first text of a WebNLG entry: the contents and prompts of the paper's own set-up, never trained
+on); whole documents go to ``valid.txt`` until it has ``--valid`` lines; ``train.txt`` holds the
+rest in a shuffled document order (``train.judge.txt``: another order, for the judge LM), and
+``{train,valid}.sent.txt`` the same text one sentence a line (CoCon's sentence-line ablation).
+``prompts.txt``: the fixed prompts of the CommonGen inputs (:data:`PROMPTS`).
 
-``inputs``: the decoding inputs of the ``cocon_generation`` task from BPE'd files (``--bpe-dir``):
-``cg.src`` (CommonGen dev concepts as contents: one content per concept, ``<sep>``-separated, with
-``--content-mode separate``; all concepts as one content with ``joined``), ``cg.prompt.src``
-(``<prompt>`` and the concepts: the prompted LM), ``ht{K}.src`` / ``ht{K}.prompt.src`` for K in
-``--content-lengths`` (K consecutive BPE tokens from a random place in each held-back sentence of
-at least K tokens, as the paper's 5/10/20-token contents), and ``ht{K}.content`` (the content
-with BPE joins undone: the BLEU reference).
+``inputs``: the decoding inputs of the ``cocon_generation`` task from BPE'd files (``--bpe-dir``;
+:func:`make_inputs`): ``cg.src`` (CommonGen dev concepts as contents: one content per concept,
+``<sep>``-separated, with ``--content-mode separate``; all concepts as one content with
+``joined``; then ``<prompt>`` and prompt i mod 10), ``ht{K}.src`` for K in ``--content-lengths`` (a
+held-back sentence's first ``--prompt-words`` words as the prompt, K consecutive BPE tokens from a
+random place after them as the content, as the paper's 5/10/20-token contents), ``SET.prompt.src``
+(``<prompt>``, the content and the prompt: the prompted LM) and ``ht{K}.content`` (the content
+with BPE joins undone: the reference of content coverage and BLEU).
 
     python -m fairseq_knowgen.prep.cocon corpus --wikitext W --commongen C --webnlg N --out RAW
-    python -m fairseq_knowgen.prep.cocon inputs --raw RAW --bpe-dir BPE --out GEN [--gpt2-bpe LM_DIR]
+    python -m fairseq_knowgen.prep.cocon inputs --bpe-dir BPE --out GEN [--gpt2-bpe LM_DIR]
     python -m fairseq_knowgen.prep.cocon gpt2-bpe --gpt2-dir LM_DIR --raw RAW --out BPE FILE...
 
 With a pretrained LM that reads GPT-2's BPE (``examples/cocon/run.sh`` with ``LM_PATH``),

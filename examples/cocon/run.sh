@@ -29,7 +29,7 @@
 #       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MAX_UPDATE=1500 LM_MINUTES=75 TOKENS_PER_SAMPLE=128 LM_ARGS=""
 #       JUDGE_SEED=2 JUDGE_MINUTES=LM_MINUTES
 #       NAME=cocon ARCH=cocon_lm COCON_LAYER="" (the model's default: the authors' relative depth, round(7/24 x
-#                    layers): 1 of 4) COCON_MINUTES=60 COCON_MAX_UPDATE=1500
+#                    layers): 1 of 4) COCON_MAX_UPDATE=2000 COCON_MINUTES=60
 #       COCON_LR: 2e-3 (5e-5, the authors', with LM_PATH) COCON_WARMUP: 200 (0 with LM_PATH)
 #       CYCLE_START, ADV_START: 6.5% of COCON_MAX_UPDATE (the authors' 2,000 of ~31,000 steps)
 #       SAMPLE_MODE=window (30-token windows of running text, as the authors; 'lines': each sentence line with
@@ -63,7 +63,7 @@ LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MI
 LM_MAX_UPDATE=${LM_MAX_UPDATE:-1500}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
 JUDGE_SEED=${JUDGE_SEED:-2}; JUDGE_MINUTES=${JUDGE_MINUTES:-$LM_MINUTES}
 NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-}; COCON_MINUTES=${COCON_MINUTES:-60}
-COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-1500}
+COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-2000}
 LM_PATH=${LM_PATH:-}
 if [ -n "$LM_PATH" ]; then COCON_LR=${COCON_LR:-5e-5}; COCON_WARMUP=${COCON_WARMUP:-0}
 else COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}; fi
@@ -184,7 +184,7 @@ if stage 5; then
   if [ -n "$LM_PATH" ]; then  # the authors': AdamW (no weight decay), linear decay from COCON_LR, clip 1.0
     optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler polynomial_decay
       --total-num-update "$COCON_MAX_UPDATE" --warmup-updates "$COCON_WARMUP")
-  else  # one CPU core: a higher rate for a budget of ~1,500 updates (docs/methods/cocon.md)
+  else  # one CPU core: a higher rate for a budget of ~2,000 updates (docs/methods/cocon.md)
     optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler inverse_sqrt
       --warmup-updates "$COCON_WARMUP")
   fi

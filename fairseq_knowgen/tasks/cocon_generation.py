@@ -4,12 +4,15 @@
 Data folder ``DATA``: ``dict.txt`` (the LM's dictionary: binarize with the LM's ``--srcdict``);
 the task appends ``<sep>`` and ``<prompt>`` when absent (never fed to the LM, never generated).
 
-- Training/validation splits: fairseq-preprocess ``--only-source`` output (``SPLIT.bin/.idx``), one
-  sentence a line, as for ``--task language_modeling --sample-break-mode eos``. A sample carries
-  ``target`` (the sentence and ``</s>``), ``prev_output_tokens`` (``</s>`` and the sentence) and,
-  as ``src_tokens``, the sentence itself as its content (what decoding a training split conditions
-  on, e.g. in the benchmark). Sentences longer than ``--tokens-per-sample`` are cut (``</s>`` kept);
-  sentences without any word are skipped. The ``cocon`` criterion draws contents from the text.
+- Training/validation splits: fairseq-preprocess ``--only-source`` output (``SPLIT.bin/.idx``) of
+  running text, one paragraph or text a line. With ``--cocon-sample-mode window`` (default, the
+  authors' samples) a sample is a window of ``--cocon-window`` (30) tokens inside a line, no
+  ``</s>`` in it (:class:`CoConWindowDataset`); its ``target`` is the window, its
+  ``prev_output_tokens`` ``</s>`` and the window but its last token. With ``lines`` a sample is a
+  line: ``target`` the line and ``</s>``, ``prev_output_tokens`` ``</s>`` and the line (lines
+  longer than ``--tokens-per-sample`` are cut, ``</s>`` kept; lines without any word are skipped).
+  Either way ``src_tokens`` is the text itself as its content (what decoding a training split
+  conditions on, e.g. in the benchmark); the ``cocon`` criterion draws contents from the text.
 - Decoding splits: a text file ``DATA/SPLIT.{--cocon-source-suffix}`` (default ``src``), tokenized
   and BPE'd as the LM's data, one input a line::
 
@@ -26,7 +29,14 @@ of content k (Section 3, "Strength of Content Conditioning"; one value per conte
 repeats; default 0 = no bias); ``--cocon-mode lm`` skips the CoCon block: the frozen LM inside the
 checkpoint decodes alone (the plain LM from its start symbol, or the prompted LM), with the
 same search. Beam search, ``--sampling``, ``--sampling-topk`` and ``--sampling-topp`` all apply.
-Use ``--max-len-a 0 --max-len-b N`` (the source is the content, not a text to translate).
+Use ``--max-len-a 0 --max-len-b N`` (the source is the content, not a text to translate), or
+``--cocon-fixed-len N``: every output is its prompt and exactly N more tokens, no ``</s>`` before
+them (the authors decode a fixed 50 or 80 tokens with no EOS id): the model bans ``</s>`` per row
+before its prompt + N (fairseq's search forces prompts of different lengths up to the batch's
+longest and bans ``</s>`` only after it), the search runs to the longest prompt + N, and each
+hypothesis is cut to its own prompt + N tokens. The prompt lengths also tell the model where each
+row's prompt ends (``net_input["prompt_lengths"]``: Eq. 7's ``dec`` reads the LM's own states
+before the prompt's last token).
 
 Training: ``train_step`` hands fairseq's ``update_num`` to the criterion (``set_update_num``), so
 that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` gives

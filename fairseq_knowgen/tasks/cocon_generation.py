@@ -449,9 +449,9 @@ class CoConGenerationTask(FairseqTask):
             "src_tokens": src.to(dev),
             "src_lengths": torch.tensor([len(c) for c, _ in rows], device=dev),
             "content_tau": torch.tensor(self.taus),
-            # the upper layers read the LM's own states before each prompt's last token (Eq. 7)
-            "prompt_lengths": torch.tensor([len(p) for _, p in rows], device=dev),
         }
+        if prefix is not None:  # the upper layers read the LM's own states before each prompt's last token (Eq. 7)
+            net_input["prompt_lengths"] = torch.tensor([len(p) for _, p in rows], device=dev)
         return {**sample, "net_input": net_input}, prefix
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):

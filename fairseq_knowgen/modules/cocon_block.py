@@ -15,14 +15,16 @@ transformer layer (Eq. 5-7)::
 
     Q = LN(h) W_q,  K = LN(h) W_k,  V = LN(h) W_v                    (t-1) x d
     K^(c) = h^(c) W^(c)_k,  V^(c) = h^(c) W^(c)_v                    l_c x d   (content_kv="separate")
-    K^(c)_j += h^(c)_{j-1} W'   (h^(c)_{-1} = 0)                                (content_prev_key)
+    K^(c)_j += h^(c)_{j-1} W'   (h^(c)_{-1} = 0; per query, where it sees j-1)   (content_prev_key)
     K^(c) = LN(h^(c)) W_k,  V^(c) = LN(h^(c)) W_v                    l_c x d   (content_kv="shared")
     W = Q [K^(c); K]^T / sqrt(d_head) + [tau_content ; causal mask]  (Eq. 6; tau: W_{:,:l_c} only)
     A = softmax(W) [V^(c); V]                                        (Eq. 6)
     h~ = h + A W_o                       (residual)
     h' = h~ + FF(LN2(h~))                (Eq. 7, residual; FF = W_2 act(W_1 x), act the LM's own)
 
-Choices beyond the paper's formulas, as GPT-2 blocks do: pre-LayerNorm, multi-head attention
+Initialization (``init``): ``normal`` (default, the authors': every linear map N(0, 0.02^2), biases
+0) or ``xavier`` (this package's earlier choice). Choices beyond the paper's formulas, as GPT-2
+blocks (and the authors' block) do: pre-LayerNorm, multi-head attention
 (``num_heads``) scaled by 1/sqrt(d_head) (Eq. 6 is written without a scale; tau is added after
 it), an output projection W_o and residual connections around attention and FF (Eq. 7 writes
 ``h'_i = FF(a_i)``).
@@ -39,23 +41,20 @@ Content keys/values (``content_kv``; the paper only says they "are also computed
 - ``shared``: the text's W_k, W_v and LayerNorm on the content too (this package's first
   version; its checkpoints, which have no content projections, load as ``shared``).
 
-``content_prev_key`` (default on; beyond the paper and the authors' code): every content key
+``content_prev_key`` (off by default: beyond the paper and the authors' code): every content key
 also reads the previous content column through a map W' of its own (no bias, starting at zero, so
-the block starts as without it). Why: in self-reconstruction the step predicting c_j has the token
-c_{j-1} as input, so the column to read is the one *after* the column holding c_{j-1}. With the
-authors' split the prefix length varies by +-J, so position alone does not say which column that
-is (the text does not show where x^a ends); the step must find it by content, which one attention
-layer can do only if column j's key says "my predecessor is c_{j-1}" (an induction head's
-previous-token step). The authors' GPT-2 supplies that in its lower layers; a small LM trained
-from scratch, or an untrained one, hardly does, and the block's one layer cannot build it. W' gives
-the key that previous-token view directly. Measured on the issue's toy check
-(``shared/checks/cocon-reads-content.sh``: random words, an LM that cannot predict them, the
-defaults but no content mask, 400 updates): the self/null gap 5.1% of L_null without W', 27.3%
-with it (24.3% without W' but with the split's jitter at 0, where position does say which column).
-With the aligned content mask (the default in training) the column after c_{j-1} is the hidden
-one, so W' cannot copy the next token there; see ``docs/results/cocon.md`` for real text. Several
-contents are concatenated, so the first column of a later content reads the last of the earlier.
-Checkpoints saved before the flag existed load without W'.
+a block starts as without it). Why one might want it: in self-reconstruction the step predicting
+c_j has the token c_{j-1} as input, so the column to read is the one *after* the column holding
+c_{j-1}; with the authors' split the prefix length varies by +-J, so position alone does not say
+which column that is, and one attention layer can find it by content only if column j's key says
+"my predecessor is c_{j-1}" (an induction head's previous-token step), which a small LM's lower
+layers hardly supply. On the toy probe of ``docs/methods/cocon.md`` (no content mask) it raised the
+self/null gap from 5.1% to 27.3% of L_null. Under a per-query content mask the W' term of key j is
+added only for queries that may see column j - 1: otherwise column j - 1 would reach a query the
+mask hides it from through column j's key (as it did until 2026-12-06), and the aligned mask's
+guarantee (the step predicting x^b_j learns nothing from content column j) would hold only while
+W' = 0. Several contents are concatenated, so the first column of a later content reads the last
+of the earlier. Checkpoints saved before the flag existed load without W'.
 
 ``content_kv_init`` (separate only): ``fresh`` (default: Xavier, as the text projections start;
 the better of the two in that probe) or ``copy`` (copies of W_k, W_v at construction). ``dec`` then receives h' (Eq. 7); at which positions it

@@ -35,3 +35,25 @@ def decode_full_and_stepwise(model, encoder_out, prev_output_tokens):
             for t in range(prev_output_tokens.size(1))
         ]
     return full, steps
+
+
+def write_binarized(out_dir, splits, words=None):
+    """``dict.txt`` and ``SPLIT.bin/.idx`` in ``out_dir`` as ``fairseq-preprocess --only-source`` writes
+    them (each line and its ``</s>``), in-process: ``splits`` maps a split to its lines, ``words`` fixes the
+    dictionary's order (default: by first appearance). Returns the dictionary."""
+    import os
+
+    from fairseq.data import Dictionary, indexed_dataset
+
+    d = Dictionary()
+    for w in words or [w for lines in splits.values() for line in lines for w in line.split()]:
+        d.add_symbol(w)
+    os.makedirs(out_dir, exist_ok=True)
+    d.save(os.path.join(out_dir, "dict.txt"))
+    for split, lines in splits.items():
+        base = os.path.join(out_dir, split)
+        builder = indexed_dataset.make_builder(base + ".bin", "mmap", vocab_size=len(d))
+        for line in lines:
+            builder.add_item(d.encode_line(line, add_if_not_exist=False, append_eos=True))
+        builder.finalize(base + ".idx")
+    return d

@@ -30,8 +30,9 @@ package differs from the authors by design, the comparison leaves it out (each p
   eval mode, as functions;
 - the authors' learned ``sos_h`` start state, used when the block gets no history: the package always has one
   (decoding starts from the LM's state of ``</s>``), so the reference is always given a history;
-- the package feeds h' to the upper layers at every position, the prompt's too (:mod:`fairseq_knowgen.models.cocon`);
-  the authors keep the LM's states before the history's last position: outputs are compared from there on;
+- before the history's last position the authors' block output is dropped (their upper layers read the LM's own
+  states there, Eq. 7, as the package's default ``--cocon-prefix-states lm`` does: checked through the decoder and
+  the losses below): block outputs are compared from the history's last position on;
 - the authors' shifted diagonal runs on past the content into the text keys (a query past the content, their
   last and unscored position, loses text key p - t - l_c); the package hides content columns only. Those
   queries are left out (and shown to differ);
@@ -40,7 +41,9 @@ package differs from the authors by design, the comparison leaves it out (each p
 - the content states themselves (the authors run the LM on the content alone, the package after ``</s>``) are
   outside the block: both get the same states;
 - masked logits: -1e4 (the authors') against -inf (the package's): in float64 both weigh exactly 0;
-- the activation: the package's block uses the LM's; built here with fairseq's ``gelu_accurate`` (= gelu_new).
+- the activation: the package's block uses the LM's (GPT-2's own gelu_new for a converted GPT-2); the block alone is
+  built here with fairseq's ``gelu_accurate`` (= gelu_new), the decoder test passes the tiny LM's relu to the
+  reference.
 """
 
 import math
@@ -113,7 +116,7 @@ def ref_attention(w, x, content, n_head, history_len, self_token_mask=False, tau
     return conv1d(a.permute(0, 2, 1, 3).reshape(N, L, d), *w["c_proj"])
 
 
-def ref_block(w, history, x, content, n_head, **attn):
+def ref_block(w, history, x, content, n_head, act=gelu_new, **attn):
     """The authors' CoconBlock given a history (N x H x d) and the text after it (N x L x d, or None): the states
     from the history's last position on."""
     inp = history if x is None else torch.cat([history, x], dim=1)
@@ -121,7 +124,7 @@ def ref_block(w, history, x, content, n_head, **attn):
     h = inp + ref_attention(w, layer_norm(inp, *w["ln_1"]), content, n_head, H, **attn)
     if H > 1:
         h = h[:, H - 1 :]
-    return h + conv1d(gelu_new(conv1d(layer_norm(h, *w["ln_2"]), *w["c_fc"])), *w["mlp_c_proj"])
+    return h + conv1d(act(conv1d(layer_norm(h, *w["ln_2"]), *w["c_fc"])), *w["mlp_c_proj"])
 
 
 def ref_discriminator(convs, out_weight, x, valid):
@@ -308,10 +311,11 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_defaults_are_the_authors(tiny_lm):
-    """`--arch cocon_lm` with no other flag: the authors' block (no W', separate content K/V, N(0, 0.02^2)
-    weights, zero biases, dropout 0.1 on the attention and the residual branches) after round(7/24 x layers) LM
-    layers, their CNN discriminator, their losses and schedule, 30-token windows, decoding without a fixed
-    length."""
+    """`--arch cocon_lm` with no other flag: the authors' block (no W', separate content K/V, zero biases, dropout
+    0.1 on the attention and the residual branches) after round(7/24 x layers) LM layers, the LM's own states
+    before the prefix's last token (Eq. 7), their CNN discriminator, their losses and schedule, 30-token windows,
+    decoding without a fixed length. The start: Xavier (the paper is silent; measured better than the authors'
+    N(0, 0.02^2) on the toy copy task, docs/methods/cocon.md), N(0, 0.02^2) with --cocon-init normal."""
     data, lm = tiny_lm
     task, model, _ = build_task_and_model(data, "cocon_lm", "--cocon-lm-path", lm, task="cocon_generation")
     block = model.decoder.block
@@ -319,7 +323,15 @@ def test_defaults_are_the_authors(tiny_lm):
     assert [default_cocon_layer(n) for n in (2, 4, 12, 24)] == [1, 1, 4, 7]
     assert not hasattr(block.attn, "content_prev_k_proj") and block.attn.content_kv_mode == "separate"
     assert block.attn.dropout == 0.1 and block.dropout == 0.1
-    for lin in (block.attn.q_proj, block.attn.content_k_proj, block.attn.out_proj, block.fc1, block.fc2):
+    assert model.args.cocon_prefix_states == model.decoder.prefix_states == "lm"
+    lins = (block.attn.q_proj, block.attn.content_k_proj, block.attn.out_proj)
+    assert model.args.cocon_init == "xavier" and all(float(lin.weight.std()) > 0.1 for lin in lins)
+    assert all(lin.bias.abs().max() == 0 for lin in lins)
+    _, normal, _ = build_task_and_model(
+        data, "cocon_lm", "--cocon-lm-path", lm, "--cocon-init", "normal", task="cocon_generation"
+    )
+    b = normal.decoder.block
+    for lin in (b.attn.q_proj, b.attn.content_k_proj, b.attn.out_proj, b.fc1, b.fc2):
         assert 0.01 < float(lin.weight.std()) < 0.03 and lin.bias.abs().max() == 0
     disc = model.discriminator
     assert isinstance(disc, ConvDiscriminator) and [c.out_channels for c in disc.convs] == [128] * 3
@@ -334,11 +346,57 @@ def test_defaults_are_the_authors(tiny_lm):
     assert (task.cfg.cocon_sample_mode, task.cfg.cocon_window, task.cfg.cocon_fixed_len) == ("window", 30, 0)
 
 
+def test_decoding_from_a_prompt_equals_the_authors_model(tiny_lm):
+    """The decoder (Eq. 7 as the authors: the upper layers read the LM's own states before the prompt's last
+    token and the block's from there on) step by step as fairseq's search calls it, and on the whole prefix,
+    against the LM's parts with the reference block, float64 (but the softmaxes), every weight random: prompts of 2
+    and 3 tokens, two contents with tau 2 and -1 in one row. The block sits before the 1-layer LM's only layer
+    (``--cocon-layer 0``), so that the upper layer reads every position."""
+    from helpers import decode_full_and_stepwise
+
+    data, lm = tiny_lm
+    task, model, _ = build_task_and_model(data, "cocon_lm", "--cocon-lm-path", lm, "--cocon-layer", "0",
+                                          task="cocon_generation")  # fmt: skip
+    model = model.double().eval()
+    torch.manual_seed(9)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    dec, d = model.decoder, task.target_dictionary
+    assert dec.block.activation_fn is F.relu  # the LM's (fairseq's transformer_lm default)
+    w = authors_weights(dec.block)
+    ids = [[d.index(x) for x in line.split()] for line in ("a b <sep> c d e", "f a c <sep>")]
+    src = torch.tensor([ids[0], ids[1] + [d.pad()] * 2])
+    prompt_lengths = torch.tensor([2, 3])
+    prev = torch.tensor([[d.eos()] + [d.index(x) for x in "d f b e c".split()],
+                         [d.eos()] + [d.index(x) for x in "e e a d b".split()]])  # fmt: skip
+    enc = model.encoder(src, content_tau=torch.tensor([2.0, -1.0]), prompt_lengths=prompt_lengths)
+    full, steps = decode_full_and_stepwise(model, enc, prev)
+    V = dec.lm_vocab
+    contents = [(5, [2.0, -1.0], [2, 3]), (3, [2.0], [3])]  # (columns, tau per content, content lengths)
+    with torch.no_grad():
+        for b in range(2):
+            k = int(prompt_lengths[b])
+            S, taus, lengths = contents[b]
+            content = enc["content"][0][:S, b][None]
+            for pos in range(k, prev.size(1)):  # from the prompt's last token on
+                h = dec.lower(prev[b : b + 1, : pos + 1])[0]  # (pos + 1) x 1 x C, the LM's own states
+                out = ref_block(w, h[None, : k + 1, 0], h[None, k + 1 :, 0] if pos > k else None, content, 2,
+                                act=F.relu, taus=taus, lengths=lengths)[0]  # fmt: skip
+                upper_in = torch.cat([h[:k, 0], out])[:, None]  # [h_{:t-2}; h'_{t-1}]
+                want = dec.lm_logits(dec.upper(upper_in))[0, -1]
+                # (fairseq's attention and the block take their softmax in float32: 1e-5 on logits of size ~10)
+                for got in (steps[pos][0][b, 0, :V], full[0][b, pos, :V]):
+                    assert torch.allclose(got, want, atol=1e-5, rtol=0), (b, pos, float((got - want).abs().max()))
+
+
 def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
     """Two 3-token windows x = abc, x' = def (the cycle pairs each with the other), every weight random and
     non-zero, prefix 1 and content 2 (no jitter), 2 cycle steps, every loss on, the default CNN discriminator and
-    minimax loss. Each loss is assembled here from the model's parts (the LM's lower and upper layers, the block)
-    with loops and log-softmaxes of its logits, and compared with the criterion's logging outputs:
+    minimax loss; the block before the 1-layer LM's only layer (``--cocon-layer 0``), so that the upper layer reads
+    every position: Eq. 7's [h_{:t-2}; h'_{t-1}] (the LM's own state at </s>, the block's from x^a's last token on)
+    matters. Each loss is assembled here from the model's parts (the LM's lower and upper layers, the block) with
+    loops and log-softmaxes of its logits, and compared with the criterion's logging outputs:
 
     - L_self = -sum_b sum_{p=1,2} log p(x_p | c = x_1 x_2, column p - 1 hidden);
     - L_null = the same without content;
@@ -349,8 +407,8 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
     """
     data, lm = tiny_lm
     task, model, _ = build_task_and_model(
-        data, "cocon_lm", "--cocon-lm-path", lm, "--cocon-dropout", "0", "--cocon-attention-dropout", "0",
-        "--cocon-disc-dim", "4", task="cocon_generation",
+        data, "cocon_lm", "--cocon-lm-path", lm, "--cocon-layer", "0", "--cocon-dropout", "0",
+        "--cocon-attention-dropout", "0", "--cocon-disc-dim", "4", task="cocon_generation",
     )  # fmt: skip
     torch.manual_seed(7)
     with torch.no_grad():
@@ -374,8 +432,9 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
     dec = model.decoder
     emb = dec.lm.embed_tokens.weight
 
-    def logp(h):  # T x 1 x C block output -> T x V log-probabilities (float64)
-        return torch.log_softmax(dec.lm_logits(dec.upper(h)).double()[0], dim=-1)
+    def logp(h, h_block):  # Eq. 7: the LM's state at position 0 (</s>), the block's from x^a's last token on
+        upper_in = torch.cat([h[:1], h_block[1:]])
+        return torch.log_softmax(dec.lm_logits(dec.upper(upper_in)).double()[0], dim=-1)
 
     def states_of(tokens):  # lower states of tokens run alone after </s>, the </s> state dropped
         return dec.lower(torch.tensor([[eos] + tokens]))[0][1:]
@@ -396,8 +455,8 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
             content = states_of(row[1:3])
             hidden = torch.zeros(1, 3, 2, dtype=torch.bool)
             hidden[0, 1, 0] = hidden[0, 2, 1] = True  # query p predicts content token p - 1
-            lp_self = logp(dec.block(h, content, None, None, content_attn_mask=hidden)[0])
-            lp_null = logp(dec.block(h)[0])
+            lp_self = logp(h, dec.block(h, content, None, None, content_attn_mask=hidden)[0])
+            lp_null = logp(h, dec.block(h)[0])
             for p in (1, 2):
                 l_self -= float(lp_self[p, row[p]])
                 l_null -= float(lp_null[p, row[p]])
@@ -406,10 +465,11 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
             for s in range(2):
                 toks = torch.tensor([[eos, int(x[other, 0])] + [d.unk()] * s])
                 tok_emb = torch.cat([emb[toks[0, :2]], *(y[None] @ emb for y in ys)])[None]
-                hs = dec.block(dec.lower(toks, token_embeddings=tok_emb)[0], content)[0]
-                ys.append(torch.softmax(dec.lm_logits(dec.upper(hs))[0, -1], dim=-1))
-                fake.append(hs[-1, 0].double())
-            lp_cycle = logp(dec.block(h, soft_states(ys)[1:])[0])
+                hs = dec.lower(toks, token_embeddings=tok_emb)[0]
+                hb = dec.block(hs, content)[0]
+                ys.append(torch.softmax(logp(hs, hb)[-1], dim=-1).float())
+                fake.append(hb[-1, 0].double())
+            lp_cycle = logp(h, dec.block(h, soft_states(ys)[1:])[0])
             for p in (1, 2):
                 l_cycle -= float(lp_cycle[p, row[p]])
             # the adversarial pair: real = the LM's lower states at x^b (positions 1, 2), fake = the states above

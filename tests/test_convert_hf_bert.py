@@ -94,7 +94,7 @@ def test_kbert_hidden_states_equal_bert(converted, tmp_path, pairs):
     segment ids 0 / 1 against [CLS] a [SEP] [b [SEP]] with token_type_ids, padding masked."""
     from transformers import BertModel
 
-    from fairseq_knowgen.convert.hf_bert import bert_dictionary
+    from fairseq_knowgen.convert.hf_bert import bert_dictionary, read_vocab_txt
 
     hf_dir, vocab, out = converted
     data = task_folder(str(tmp_path / "data"), out, pairs)
@@ -111,7 +111,7 @@ def test_kbert_hidden_states_equal_bert(converted, tmp_path, pairs):
     assert bool(segments.bool().any()) == pairs
     with torch.no_grad():
         ours = model(**net, features_only=True)[0]
-        _, rows = bert_dictionary(os.path.join(hf_dir, "vocab.txt"), len(vocab))
+        _, rows = bert_dictionary(read_vocab_txt(os.path.join(hf_dir, "vocab.txt")), len(vocab))
         bert = BertModel.from_pretrained(hf_dir, local_files_only=True).eval()
         expected = bert(input_ids=rows[tokens], token_type_ids=segments, attention_mask=(~pad).long()).last_hidden_state
     assert torch.allclose(ours[~pad], expected[~pad], atol=1e-5), (ours[~pad] - expected[~pad]).abs().max()
@@ -123,8 +123,18 @@ def test_kbert_hidden_states_equal_bert(converted, tmp_path, pairs):
 
 def test_bad_vocabulary_is_refused_naming_the_line(tmp_path):
     hf_dir, vocab = tiny_bert(str(tmp_path / "hf"))
-    with open(os.path.join(hf_dir, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(vocab[:-1] + [vocab[5]]) + "\n")  # the last token again
+    with open(os.path.join(hf_dir, "vocab.txt"), "wb") as f:
+        f.write(("\n".join(vocab[:-1]) + "\n").encode("utf-8") + b"\xff\xfe\n")  # the last line is not UTF-8
     proc = run_cli("-m", "fairseq_knowgen.convert.hf_bert", hf_dir, tmp_path / "out", check=False)
-    assert proc.returncode == 2 and f"vocab.txt:{len(vocab)}:" in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "out" / "model.pt").exists()
+    assert proc.returncode == 2 and f"vocab.txt:{len(vocab)}: not valid UTF-8" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_repeated_token_keeps_bert_s_last_id(tmp_path):
+    """BERT's tokenizer maps a repeated token to its last line (transformers' load_vocab fills a dict):
+    that row keeps the name, the earlier one becomes a stand-in."""
+    from fairseq_knowgen.convert.hf_bert import bert_dictionary
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "甲", "乙", "甲"]
+    d, rows = bert_dictionary(tokens, len(tokens))
+    assert rows[d.index("甲")] == 7 and rows[d.index("<bert-id-5>")] == 5 and len(d) == len(tokens)

@@ -29,8 +29,9 @@ how ``examples/kbert/run.sh`` sizes K-BERT for a ``PRETRAINED`` folder.
 :func:`load_pretrained_part` copies the tensors under one prefix of such a state into a module
 and refuses partial loads: a tensor of the module that the checkpoint lacks, or a checkpoint
 tensor under the prefix that the module has no place for (other than the ones the caller names
-as known extras, e.g. RoBERTa's LM head), stops with an error that names them all, as does a
-shape that differs. Position tables are the one sized case: a checkpoint table longer than the
+as known extras, e.g. RoBERTa's LM head), stops with an error that names them, as does a
+shape that differs (a dozen names of each kind and the count of the rest, not a model's every
+tensor). Position tables are the one sized case: a checkpoint table longer than the
 module's gives its first rows (the positions the module can address); a shorter one is an error.
 """
 
@@ -44,6 +45,15 @@ from torch import Tensor, nn
 from ..textio import DataError, cli_entry
 
 POSITION_TABLES = ("embed_positions.weight",)
+NAMES_SHOWN = 12
+
+
+def some_names(names: Sequence[str], sep: str = ", ", shown: int = NAMES_SHOWN) -> str:
+    """The first ``shown`` of ``names`` and how many more: a refusal stays readable when a whole
+    model's tensors are at fault (``a, b, ... and 132 more``)."""
+    names = list(names)
+    head = sep.join(names[:shown])
+    return head if len(names) <= shown else f"{head}{sep}... and {len(names) - shown} more"
 
 
 def upgrade_state(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -75,6 +85,8 @@ def load_checkpoint_state(path: str):
 
     import fairseq_knowgen  # noqa: F401  (the weights-only allow-list)
 
+    if not os.path.isfile(path):
+        raise DataError(path, 0, "checkpoint not found")
     ckpt = checkpoint_utils.load_checkpoint_to_cpu(path)
     args = ckpt.get("args")
     if args is None and ckpt.get("cfg") is not None:
@@ -105,14 +117,15 @@ def load_pretrained_part(
         the loaded tensors (name -> tensor as it was copied in)
 
     Raises:
-        ValueError naming every tensor of ``module`` left unloaded, every tensor under
-        ``prefix`` with no place in ``module``, and every shape that differs.
+        DataError (a ValueError, ``source: ...``) naming the tensors of ``module`` left unloaded, the tensors under ``prefix``
+        with no place in ``module``, and the shapes that differ (of each kind the first dozen
+        and the count of the rest).
     """
     ours = module.state_dict()
     theirs = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     theirs = {k: v for k, v in theirs.items() if k.rsplit(".", 1)[-1] != "version"}  # fairseq's layout-version buffers
     if not theirs:
-        raise ValueError(f"{source}: no {prefix}* tensors (not this kind of model?)")
+        raise DataError(source, 0, f"no {prefix}* tensors (not this kind of model?)")
     new = set(new)
     unloaded = sorted(k for k in ours if k not in theirs and k not in new)
     unused = sorted(prefix + k for k in theirs if k not in ours and not any((prefix + k).startswith(e) for e in extras))
@@ -129,13 +142,13 @@ def load_pretrained_part(
         loaded[name] = value.to(target.dtype)
     problems = []
     if unloaded:
-        problems.append(f"{len(unloaded)} tensor(s) of the model not in the checkpoint: {', '.join(unloaded)}")
+        problems.append(f"{len(unloaded)} tensor(s) of the model not in the checkpoint: {some_names(unloaded)}")
     if unused:
-        problems.append(f"{len(unused)} checkpoint tensor(s) with no place in the model: {', '.join(unused)}")
+        problems.append(f"{len(unused)} checkpoint tensor(s) with no place in the model: {some_names(unused)}")
     if shapes:
-        problems.append(f"shapes differ (checkpoint -> model): {'; '.join(shapes)}")
+        problems.append(f"shapes differ (checkpoint -> model): {some_names(shapes, sep='; ')}")
     if problems:
-        raise ValueError(f"{source}: refusing a partial load: " + " | ".join(problems))
+        raise DataError(source, 0, "refusing a partial load: " + " | ".join(problems))
     module.load_state_dict({**ours, **loaded})
     return loaded
 

@@ -1,19 +1,36 @@
 """HuggingFace BERT (Google's Chinese BERT) -> the encoder checkpoint and dictionary K-BERT starts from.
 
-K-BERT (Liu et al., 2020; ``shared/seeds/k_bert.zh.txt``) fine-tunes Google's Chinese BERT. This
-converter reads a ``save_pretrained`` folder of ``BertModel`` or ``BertForPreTraining`` (config.json,
-the weights and ``vocab.txt``; read by ``transformers`` with ``local_files_only``) and writes::
+K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph")
+fine-tunes Google's Chinese BERT. This converter reads a ``save_pretrained`` folder of ``BertModel``
+or ``BertForPreTraining`` (config.json, the weights as safetensors or ``pytorch_model.bin``, read
+by ``transformers`` with ``local_files_only``, and the vocabulary) and writes, from any working
+folder::
 
     python -m fairseq_knowgen.convert.hf_bert HF_DIR OUT_DIR
 
-- ``OUT_DIR/dict.txt``: BERT's ``vocab.txt`` in BERT's id order, less its five special tokens,
-  which become fairseq's: ``[CLS]`` -> ``<s>`` (0), ``[PAD]`` -> ``<pad>`` (1), ``[SEP]`` ->
-  ``</s>`` (2), ``[UNK]`` -> ``<unk>`` (3), and ``[MASK]`` -> ``<mask>``, which the K-BERT tasks
-  (like fairseq's ``masked_lm``) append after ``dict.txt``: the last row. K-BERT's
-  ``<s> a </s> [b </s>]`` is then BERT's ``[CLS] a [SEP] [b [SEP]]``. Use it as the K-BERT data
-  folder's ``dict.txt`` (``prep.kbert --srcdict``, or the recipe's ``PRETRAINED=OUT_DIR``);
-- ``OUT_DIR/model.pt``: a fairseq checkpoint (``args`` of ``--arch kbert_base`` with BERT's sizes)
-  whose model tensors are in fairseq's masked-LM layout, which ``--kbert-pretrained`` loads::
+The vocabulary is ``HF_DIR/vocab.txt`` or, when the folder has none (``save_pretrained`` of
+``transformers`` 5 writes only ``tokenizer.json``), the WordPiece vocabulary of
+``HF_DIR/tokenizer.json`` (``model.vocab`` and ``added_tokens``, by id), as ``transformers``
+itself reads them. ``vocab.txt`` is read as ``transformers``' ``load_vocab`` reads it: one token
+per line, lines ending at ``\n`` (``\r\n`` and ``\r``, as Python's text files); no other
+character ends a line and nothing is stripped, so Google's Chinese vocabulary keeps U+2028
+(LINE SEPARATOR) as token 343 and ``##`` + U+2028 as token 13,502. The special tokens are
+``special_tokens_map.json``'s (else BERT's ``[CLS] [PAD] [SEP] [UNK] [MASK]``).
+
+- ``OUT_DIR/dict.txt``: the vocabulary in BERT's id order, less its five special tokens, which
+  become fairseq's: ``[CLS]`` -> ``<s>`` (0), ``[PAD]`` -> ``<pad>`` (1), ``[SEP]`` -> ``</s>`` (2),
+  ``[UNK]`` -> ``<unk>`` (3), and ``[MASK]`` -> ``<mask>``, which the K-BERT tasks (like fairseq's
+  ``masked_lm``) append after ``dict.txt``: the last row. K-BERT's ``<s> a </s> [b </s>]`` is then
+  BERT's ``[CLS] a [SEP] [b [SEP]]``. A token that a ``dict.txt`` line cannot name (empty, holding
+  a whitespace character such as U+2028, one of fairseq's own symbols ``<s> <pad> </s> <unk>
+  <mask>``, or an earlier copy of a repeated token, which BERT's tokenizer never maps to) keeps
+  its row under the stand-in symbol ``<bert-id-N>`` (N its BERT id), as does an embedding row
+  beyond the vocabulary (``vocab_size`` larger than the token list). No tokenizer of this package
+  produces a stand-in (K-BERT reads one character at a time), so those rows stay where BERT has
+  them and are never read, as in BERT. Use the file as the K-BERT data folder's ``dict.txt``
+  (``prep.kbert --srcdict``, or the recipe's ``PRETRAINED=OUT_DIR``);
+- ``OUT_DIR/model.pt``: a fairseq checkpoint (``args`` of ``--arch kbert_base`` with BERT's sizes,
+  which ``--kbert-pretrained`` takes) whose model tensors are in fairseq's masked-LM layout::
 
     embeddings.word_embeddings          -> encoder.sentence_encoder.embed_tokens (rows in fairseq's order)
     embeddings.position_embeddings (P)  -> embed_positions, rows 2 .. P+1: fairseq's learned positions
@@ -28,58 +45,173 @@ the weights and ``vocab.txt``; read by ``transformers`` with ``local_files_only`
 
   BERT is post-LN with an embedding LayerNorm and GELU (erf), which is K-BERT's layout
   (``encoder_normalize_before`` off, ``layernorm_embedding`` on, ``--activation-fn gelu``); its
-  LayerNorm epsilon (1e-12) and segment count (2) are in the args, and ``--kbert-pretrained``
+  sizes, LayerNorm epsilon (1e-12) and segment count (2) are in the args, and ``--kbert-pretrained``
   takes them when the flags leave them unset. BERT's pooler, masked-LM and next-sentence heads
   are not converted (K-BERT fine-tunes its own heads).
 
 Every encoder tensor of BERT is used and every K-BERT encoder tensor set; anything else stops
-with an error naming the tensors, as does a configuration K-BERT's layers cannot express
-(relative position embeddings, a decoder or cross-attention, an unknown activation).
+with an error naming the tensors (a dozen and the count of the rest), as does a configuration
+K-BERT's layers cannot express (relative position embeddings, a decoder or cross-attention, an
+unknown activation). The output folder is written beside ``OUT_DIR`` under a temporary name and
+renamed into place at the end: a failed conversion leaves no folder, and an earlier ``OUT_DIR``
+stays as it was until the new one is complete.
 """
 
 import argparse
+import collections
+import contextlib
+import io
+import json
 import os
-from typing import Dict, List
+import shutil
+import tempfile
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..textio import DataError, cli_entry, read_lines
+from ..textio import DataError, cli_entry
+from .fairseq_legacy import some_names
 
 # BERT's special tokens -> fairseq's (the dictionary's four, then <mask> appended by the task)
 SPECIALS = {"[CLS]": "<s>", "[PAD]": "<pad>", "[SEP]": "</s>", "[UNK]": "<unk>", "[MASK]": "<mask>"}
+SPECIAL_KEYS = {  # special_tokens_map.json's keys -> BERT's default names
+    "cls_token": "[CLS]",
+    "pad_token": "[PAD]",
+    "sep_token": "[SEP]",
+    "unk_token": "[UNK]",
+    "mask_token": "[MASK]",
+}
+FAIRSEQ_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+STAND_IN = "<bert-id-{}>"  # the dict.txt name of a BERT row whose token a dict.txt line cannot name
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_accurate", "gelu_pytorch_tanh": "gelu_accurate", "relu": "relu"}
 PREFIX = "encoder.sentence_encoder."
 
 
-def bert_dictionary(vocab_path: str, vocab_size: int):
+def read_vocab_txt(path: str) -> List[str]:
+    """BERT's ``vocab.txt`` as ``transformers``' ``load_vocab`` reads it: the tokens in id order,
+    lines ending only at ``\n`` / ``\r\n`` / ``\r`` (Python's text-file newlines, never
+    ``str.splitlines``' U+2028 and the like), nothing stripped but the newline (a leading
+    byte-order mark excepted). Bytes that are not UTF-8 raise :class:`DataError` naming the line."""
+    if not os.path.isfile(path):
+        raise DataError(path, 0, "vocabulary file not found")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(path, data[: e.start].count(b"\n") + 1, f"not valid UTF-8 ({e.reason})") from None
+    tokens = [line[:-1] if line.endswith("\n") else line for line in io.StringIO(text.lstrip("\ufeff"), newline=None)]
+    if not tokens:
+        raise DataError(path, 0, "vocabulary file is empty")
+    return tokens
+
+
+def read_tokenizer_json(path: str) -> List[str]:
+    """The tokens (in id order) of a WordPiece ``tokenizer.json``: ``model.vocab`` and the
+    ``added_tokens`` whose ids it lacks; the ids must be 0 .. N-1, each once."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        model = spec["model"]
+        kind, vocab = model.get("type"), model.get("vocab")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(path, 0, f"not a tokenizer.json with a model vocabulary ({type(e).__name__}: {e})") from None
+    if kind != "WordPiece" or not isinstance(vocab, dict):
+        raise DataError(path, 0, f"model type {kind!r}: BERT's tokenizer is WordPiece with a token -> id vocabulary")
+    by_id: Dict[int, str] = {}
+    for tok, i in vocab.items():
+        if not isinstance(i, int) or i in by_id:
+            why = f"taken by {by_id[i]!r}" if i in by_id else "not an integer"
+            raise DataError(path, 0, f"token {tok!r} has id {i!r}, {why}")
+        by_id[i] = tok
+    for added in spec.get("added_tokens") or []:
+        by_id.setdefault(added.get("id"), added.get("content"))
+    if sorted(by_id) != list(range(len(by_id))):
+        gaps = sorted(set(range(max(by_id) + 1)) - set(by_id))
+        raise DataError(path, 0, f"token ids are not 0..{len(by_id) - 1}: none for {some_names(map(str, gaps))}")
+    return [by_id[i] for i in range(len(by_id))]
+
+
+def special_token_names(hf_dir: str) -> Dict[str, str]:
+    """BERT's special-token names as the folder's ``special_tokens_map.json`` (or
+    ``tokenizer_config.json``) gives them -> fairseq's symbols."""
+    names = dict(SPECIAL_KEYS)
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = os.path.join(hf_dir, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+        except ValueError as e:
+            raise DataError(path, 0, f"not JSON ({e})") from None
+        for key in SPECIAL_KEYS:
+            value = spec.get(key) if isinstance(spec, dict) else None
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str) and value:
+                names[key] = value
+        break
+    return {names[key]: SPECIALS[bert] for key, bert in SPECIAL_KEYS.items()}
+
+
+def read_vocabulary(hf_dir: str) -> Tuple[List[str], str]:
+    """``(tokens in BERT's id order, the file they came from)``: ``vocab.txt``, else ``tokenizer.json``."""
+    vocab_txt, tokenizer_json = os.path.join(hf_dir, "vocab.txt"), os.path.join(hf_dir, "tokenizer.json")
+    if os.path.isfile(vocab_txt):
+        return read_vocab_txt(vocab_txt), vocab_txt
+    if os.path.isfile(tokenizer_json):
+        return read_tokenizer_json(tokenizer_json), tokenizer_json
+    raise DataError(hf_dir, 0, "no vocab.txt and no tokenizer.json (a save_pretrained BERT folder has one of them)")
+
+
+def dict_symbols(
+    tokens: List[str], vocab_size: int, where: str, specials: Optional[Dict[str, str]] = None
+) -> List[str]:
+    """The fairseq symbol of each BERT row (``vocab_size`` of them): the special tokens' fairseq
+    names, the token itself, or its stand-in ``<bert-id-N>`` (see the module docstring)."""
+    specials = SPECIALS if specials is None else specials
+    if len(tokens) > vocab_size:
+        raise DataError(where, 0, f"{len(tokens)} tokens, more than config.json's vocab_size {vocab_size}")
+    last = {tok: i for i, tok in enumerate(tokens)}  # BERT's tokenizer maps a repeated token to its last id
+    missing = [t for t in specials if t not in last]
+    if missing:
+        raise DataError(where, 0, f"no {', '.join(missing)} (BERT's special tokens)")
+    symbols = []
+    for i in range(vocab_size):
+        tok = tokens[i] if i < len(tokens) else None
+        if tok in specials and last[tok] == i:
+            symbols.append(specials[tok])
+        elif (
+            tok is None
+            or last[tok] != i
+            or tok == ""
+            or any(ch.isspace() for ch in tok)
+            or tok in FAIRSEQ_SYMBOLS
+            or tok.startswith("madeupword")
+        ):
+            symbols.append(STAND_IN.format(i))
+        else:
+            symbols.append(tok)
+    clash = sorted(sym for sym, n in collections.Counter(symbols).items() if n > 1)
+    if clash:  # only a vocabulary that itself holds a token spelled <bert-id-N> can get here
+        raise DataError(where, 0, f"the vocabulary itself holds the stand-in symbol(s) {some_names(clash)}")
+    return symbols
+
+
+def bert_dictionary(tokens: List[str], vocab_size: int, where: str = "vocabulary", specials=None):
     """``(fairseq Dictionary with <mask> appended, rows)``: ``rows[i]`` is the BERT id of fairseq id
-    i. Raises :class:`DataError` for a vocabulary that fairseq's ``dict.txt`` cannot hold."""
+    i; ``len(rows) == vocab_size`` (every BERT row, in BERT's order after the specials)."""
     from fairseq.data import Dictionary
 
-    vocab = read_lines(vocab_path, "vocabulary", allow_empty_lines=False)
-    if len(vocab) != vocab_size:
-        raise DataError(vocab_path, 0, f"{len(vocab)} tokens, config.json says vocab_size {vocab_size}")
-    seen = {}
-    for n, tok in enumerate(vocab, start=1):
-        if tok != tok.strip() or " " in tok:
-            raise DataError(vocab_path, n, f"token {tok!r} has spaces (dict.txt cannot hold it)")
-        if tok in seen:
-            raise DataError(vocab_path, n, f"token {tok!r} again (first on line {seen[tok]})")
-        if tok in SPECIALS.values() or tok.startswith("madeupword"):
-            raise DataError(vocab_path, n, f"token {tok!r} is one of fairseq's own symbols")
-        seen[tok] = n
-    missing = [t for t in SPECIALS if t not in seen]
-    if missing:
-        raise DataError(vocab_path, 0, f"no {', '.join(missing)} (BERT's special tokens)")
+    symbols = dict_symbols(tokens, vocab_size, where, specials)
     d = Dictionary()  # <s> <pad> </s> <unk> = [CLS] [PAD] [SEP] [UNK]
-    for tok in vocab:
-        if tok not in SPECIALS:
-            d.add_symbol(tok, n=1)
+    for sym in symbols:
+        if sym not in FAIRSEQ_SYMBOLS:
+            d.add_symbol(sym, n=1)
     d.add_symbol("<mask>")  # as the K-BERT tasks do after loading dict.txt
-    bert_id = {tok: i for i, tok in enumerate(vocab)}
-    by_fairseq = {fs: bert for bert, fs in SPECIALS.items()}
-    rows = [bert_id[by_fairseq.get(d[i], d[i])] for i in range(len(d))]
-    assert sorted(rows) == list(range(vocab_size))  # a permutation of BERT's rows
+    bert_id = {sym: i for i, sym in enumerate(symbols)}
+    rows = [bert_id[d[i]] for i in range(len(d))]
+    assert sorted(rows) == list(range(vocab_size)), "not a permutation of BERT's rows"
     return d, torch.tensor(rows)
 
 
@@ -145,8 +277,39 @@ def convert_state(hf: Dict[str, torch.Tensor], num_layers: int, rows: torch.Tens
         out.update(ln(dst + "final_layer_norm", src + "output.LayerNorm"))
     left = sorted(k for k in hf if k not in used and not k.startswith("pooler.") and not k.endswith("position_ids"))
     if left:
-        raise DataError("model weights", 0, f"BERT tensors not converted: {', '.join(left)}")
+        raise DataError("model weights", 0, f"{len(left)} BERT tensor(s) not converted: {some_names(left)}")
     return out
+
+
+@contextlib.contextmanager
+def output_folder(out_dir: str):
+    """A temporary folder beside ``out_dir`` to write into; on success it becomes ``out_dir`` (an
+    earlier ``out_dir`` is replaced only then), on any failure it is removed."""
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise DataError(out_dir, 0, "exists and is not a folder")
+    parent, name = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-")
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700: give it the mode a plain mkdir would
+        old = None
+        if os.path.isdir(out_dir):
+            old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")
+            os.rename(out_dir, os.path.join(old, name))
+        os.rename(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def convert(hf_dir: str, out_dir: str) -> str:
@@ -154,45 +317,52 @@ def convert(hf_dir: str, out_dir: str) -> str:
     from fairseq import checkpoint_utils, options
     from transformers import BertConfig, BertModel
 
-    import fairseq_knowgen  # noqa: F401  (registers --arch kbert_base)
+    import fairseq_knowgen  # noqa: F401  (registers --task kbert_classification and --arch kbert_base)
 
-    config_path, vocab_path = os.path.join(hf_dir, "config.json"), os.path.join(hf_dir, "vocab.txt")
-    for path in (config_path, vocab_path):
-        if not os.path.isfile(path):
-            raise DataError(path, 0, "not found (a save_pretrained BERT folder has config.json and vocab.txt)")
+    config_path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise DataError(config_path, 0, "not found (a save_pretrained BERT folder has config.json)")
+    tokens, vocab_path = read_vocabulary(hf_dir)
     hf_cfg = BertConfig.from_pretrained(hf_dir, local_files_only=True)
     flags = kbert_flags(hf_cfg, config_path)
+    dictionary, rows = bert_dictionary(tokens, hf_cfg.vocab_size, vocab_path, special_token_names(hf_dir))
     model, info = BertModel.from_pretrained(hf_dir, local_files_only=True, output_loading_info=True)
-    missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]
+    missing = sorted(k for k in info.get("missing_keys", []) if not k.startswith("pooler."))
     if missing:
-        missing = ", ".join(sorted(missing))
-        raise DataError(hf_dir, 0, f"the weights lack {missing} (transformers would start them at random)")
-    dictionary, rows = bert_dictionary(vocab_path, hf_cfg.vocab_size)
+        raise DataError(hf_dir, 0, f"the weights lack {some_names(missing)} (transformers would start them at random)")
     state = convert_state(model.state_dict(), hf_cfg.num_hidden_layers, rows, dictionary.pad())
-    os.makedirs(out_dir, exist_ok=True)
+    # the args of the package's registered task and arch (imported above): no --user-dir, which would name a path
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [out_dir, "--user-dir", "fairseq_knowgen", "--task", "kbert_classification", "--arch", "kbert_base", *flags],
+        [os.path.abspath(out_dir), "--task", "kbert_classification", "--arch", "kbert_base", *flags],
     )
-    with open(os.path.join(out_dir, "dict.txt"), "w", encoding="utf-8") as f:
-        for i in range(dictionary.nspecial, len(dictionary) - 1):  # not the specials, not <mask> (the task adds it)
-            f.write(f"{dictionary[i]} 1\n")
+    with output_folder(out_dir) as tmp:
+        with open(os.path.join(tmp, "dict.txt"), "w", encoding="utf-8") as f:
+            for i in range(dictionary.nspecial, len(dictionary) - 1):  # not the specials, not <mask> (the task adds it)
+                f.write(f"{dictionary[i]} 1\n")
+        ckpt = {  # fairseq's checkpoint layout, no training state (--restore-file needs the --reset-* flags)
+            "args": args,
+            "model": state,
+            "optimizer_history": [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}}],
+            "extra_state": {"train_iterator": {"epoch": 0, "iterations_in_epoch": 0}},
+            "last_optimizer_state": None,
+        }
+        checkpoint_utils.torch_persistent_save(ckpt, os.path.join(tmp, "model.pt"))
     path = os.path.join(out_dir, "model.pt")
-    ckpt = {  # fairseq's checkpoint layout, no training state (--restore-file needs the --reset-* flags)
-        "args": args,
-        "model": state,
-        "optimizer_history": [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}}],
-        "extra_state": {"train_iterator": {"epoch": 0, "iterations_in_epoch": 0}},
-        "last_optimizer_state": None,
-    }
-    checkpoint_utils.torch_persistent_save(ckpt, path)
-    print(f"{path}: {len(state)} tensors ({' '.join(flags)}); {out_dir}/dict.txt: {len(dictionary)} rows with <mask>")
+    standins = sum(dictionary[i].startswith("<bert-id-") for i in range(len(dictionary)))
+    print(
+        f"{path}: {len(state)} tensors ({' '.join(flags)}); {out_dir}/dict.txt: {len(dictionary)} rows with <mask> "
+        f"(vocabulary {os.path.basename(vocab_path)}, {standins} stand-in symbol(s) <bert-id-N>)"
+    )
     return path
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("hf_dir", help="save_pretrained folder of BertModel / BertForPreTraining (config.json, vocab.txt)")
+    p.add_argument(
+        "hf_dir", help="save_pretrained folder of BertModel / BertForPreTraining (config.json, weights, vocab.txt or "
+        "tokenizer.json)"
+    )
     p.add_argument("out_dir", help="writes model.pt (--kbert-pretrained) and dict.txt (the K-BERT data's dict.txt)")
     a = p.parse_args(argv)
     convert(a.hf_dir, a.out_dir)

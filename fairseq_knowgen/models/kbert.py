@@ -1,7 +1,7 @@
 """K-BERT: a BERT encoder over a sentence tree, with soft positions and the visible matrix.
 
 K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph",
-``../shared/seeds/k_bert.zh.txt``, section 02): the embedding layer sums token, soft-position and
+section 02): the embedding layer sums token, soft-position and
 segment embeddings of the flattened sentence tree (:mod:`..modules.sentence_tree`); the
 mask-Transformer applies the visible matrix in the self-attention of every layer
 (:mod:`..modules.visible_attention`). Heads: a sentence classifier on the first token (``<s>``,
@@ -21,8 +21,12 @@ fairseq's wav2vec fine-tuning records ``w2v_args``), so a fine-tuned checkpoint 
 without the file (``load_model_ensemble``, ``kbert_score``, ``fairseq-validate``); only a
 ``fairseq-train`` resumed with ``--kbert-pretrained`` on its command line reads it again before
 the checkpoint's weights replace it. Settings the pretrained model fixes and the flags leave
-unset are taken from it and recorded in the args: ``--num-segments`` (BERT's token types) and
-``--layer-norm-eps`` (BERT's 1e-12).
+unset are taken from it and recorded in the args: the encoder's sizes (``--encoder-layers``,
+``--encoder-embed-dim``, ``--encoder-ffn-embed-dim``, ``--encoder-attention-heads``) and
+``--activation-fn``, so that ``--arch kbert_base --kbert-pretrained PATH`` builds the checkpoint's
+encoder whatever its size; ``--num-segments`` (BERT's token types) and ``--layer-norm-eps``
+(BERT's 1e-12). A flag given on the command line that differs from the checkpoint is an error,
+as is a partial load (:class:`~fairseq_knowgen.textio.DataError`, ``PATH: ...``).
 """
 
 import logging
@@ -39,6 +43,7 @@ from torch import Tensor, nn
 from ..convert.fairseq_legacy import load_checkpoint_state, load_pretrained_part, upgrade_state
 from ..modules.sentence_tree import visible_matrix
 from ..modules.visible_attention import VisibleEncoderLayer
+from ..textio import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -249,11 +254,17 @@ class KBertModel(FairseqEncoderModel):
 
     @classmethod
     def build_model(cls, args, task):
+        # a model rebuilt from a checkpoint has its weights there (the record is saved with the args)
+        state = None
+        if pretrained_pending(args):
+            state, pretrained_args = load_checkpoint_state(args.kbert_pretrained)
+            adopt_pretrained_sizes(args, pretrained_args, args.kbert_pretrained)
+            _set_defaults(args, BASE_SIZES)  # what the checkpoint's args do not give
+        else:
+            pretrained_args = None
         kbert_base_architecture(args)  # --max-positions (the position table) is the task's flag
         model = cls(args, KBertEncoder(args, task.source_dictionary))
-        # a model rebuilt from a checkpoint has its weights there (the record is saved with the args)
-        if getattr(args, "kbert_pretrained", None) and not getattr(args, "kbert_pretrained_loaded", False):
-            state, pretrained_args = load_checkpoint_state(args.kbert_pretrained)
+        if state is not None:
             model.load_pretrained_encoder(state, pretrained_args, args.kbert_pretrained)
         return model
 
@@ -274,11 +285,11 @@ class KBertModel(FairseqEncoderModel):
         eps = getattr(pretrained_args, "layer_norm_eps", None) if pretrained_args is not None else None
         if eps is not None and eps != (self.args.layer_norm_eps or 1e-5):
             if self.args.layer_norm_eps is not None:
-                raise ValueError(f"{source}: LayerNorm epsilon {eps}, --layer-norm-eps {self.args.layer_norm_eps}")
+                raise DataError(source, 0, f"LayerNorm epsilon {eps}, --layer-norm-eps {self.args.layer_norm_eps}")
             self.encoder.set_layer_norm_eps(eps)
         act = getattr(pretrained_args, "activation_fn", None) if pretrained_args is not None else None
         if act is not None and act != self.args.activation_fn:
-            raise ValueError(f"{source}: pretrained with --activation-fn {act}, not {self.args.activation_fn}")
+            raise DataError(source, 0, f"pretrained with --activation-fn {act}, not {self.args.activation_fn}")
         new = ["segment_embeddings.weight"] if segments is None else []
         if segments is None and self.encoder.segment_embeddings is not None:
             nn.init.zeros_(self.encoder.segment_embeddings.weight)  # RoBERTa has no token types: start without them
@@ -341,19 +352,56 @@ ENCODER_PREFIX = "encoder.sentence_encoder."  # RoBERTa's / masked_lm's encoder 
 LM_HEAD_PREFIX = "encoder.lm_head."  # its masked-LM head, not part of K-BERT
 
 
+BASE_SIZES = {
+    "encoder_layers": 12,
+    "encoder_embed_dim": 768,
+    "encoder_ffn_embed_dim": 3072,
+    "encoder_attention_heads": 12,
+    "activation_fn": "gelu",
+}
+SMALL_SIZES = {**BASE_SIZES, "encoder_layers": 4, "encoder_embed_dim": 256, "encoder_ffn_embed_dim": 1024}
+SMALL_SIZES["encoder_attention_heads"] = 4
+
+
+def pretrained_pending(args) -> bool:
+    """Whether ``--kbert-pretrained`` is still to be read (training starts from it): then the
+    encoder's sizes are the checkpoint's, and the arch functions leave unset ones unset."""
+    return bool(getattr(args, "kbert_pretrained", None)) and not getattr(args, "kbert_pretrained_loaded", False)
+
+
+def adopt_pretrained_sizes(args, pretrained_args, source: str):
+    """Sizes and activation (:data:`BASE_SIZES`' keys) that the flags leave unset <- the pretrained
+    checkpoint's args; one given on the command line that differs from them is an error. So
+    ``--arch kbert_base --kbert-pretrained DIR/model.pt`` builds the checkpoint's encoder, whatever
+    its size (BERT-base, a 6 x 384 MiniLM, the recipe's 4 x 256 masked LM)."""
+    for key in BASE_SIZES:
+        theirs = getattr(pretrained_args, key, None) if pretrained_args is not None else None
+        ours = getattr(args, key, None)
+        if ours is None:
+            setattr(args, key, theirs)  # None when the checkpoint does not say: the arch's default follows
+        elif theirs is not None and ours != theirs:
+            flag = "--" + key.replace("_", "-")
+            raise DataError(source, 0, f"the pretrained encoder has {flag} {theirs}, the command line says {ours}")
+
+
+def _set_defaults(args, defaults: dict):
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 @register_model_architecture("kbert", "kbert_base")
 def kbert_base_architecture(args):
-    """BERT-base sizes: 12 layers, 768 wide, 12 heads, FFN 3072, 512 positions."""
-    args.encoder_layers = getattr(args, "encoder_layers", None) or 12
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 768
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", None) or 3072
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", None) or 12
-    args.activation_fn = getattr(args, "activation_fn", None) or "gelu"
+    """BERT-base sizes: 12 layers, 768 wide, 12 heads, FFN 3072, 512 positions; heads without
+    dropout (``--pooler-dropout 0``, as the authors' classifier and tagger). With ``--kbert-pretrained``
+    the sizes are the checkpoint's (:func:`adopt_pretrained_sizes`)."""
+    if not pretrained_pending(args):
+        _set_defaults(args, BASE_SIZES)
     for name, default in (("dropout", 0.1), ("attention_dropout", 0.1), ("activation_dropout", 0.0)):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     if getattr(args, "pooler_dropout", None) is None:
-        args.pooler_dropout = 0.1
+        args.pooler_dropout = 0.0  # the authors' heads: no dropout between the encoder and the output layers
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", False) or False
     # num_segments and layer_norm_eps stay unset (None) until a pretrained start or the data fix them
     args.num_segments = getattr(args, "num_segments", None)
@@ -366,11 +414,12 @@ def kbert_base_architecture(args):
 
 @register_model_architecture("kbert", "kbert_small")
 def kbert_small_architecture(args):
-    """4 layers, 256 wide, 4 heads, FFN 1024 (CPU-sized; the recipe's character-level MLM matches it)."""
-    args.encoder_layers = getattr(args, "encoder_layers", None) or 4
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", None) or 256
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", None) or 1024
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", None) or 4
+    """4 layers, 256 wide, 4 heads, FFN 1024 (CPU-sized; the recipe's character-level MLM matches it),
+    ``--pooler-dropout 0.1``. With ``--kbert-pretrained`` the sizes are the checkpoint's, as for ``kbert_base``."""
+    if not pretrained_pending(args):
+        _set_defaults(args, SMALL_SIZES)
+    if getattr(args, "pooler_dropout", None) is None:
+        args.pooler_dropout = 0.1  # the recipe's CPU-sized runs (docs/results/kbert.md) were measured with it
     kbert_base_architecture(args)
 
 

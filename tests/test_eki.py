@@ -33,12 +33,18 @@ def encode(d, text):
     return torch.tensor([d.index(w) for w in text.split()] + [d.eos()])
 
 
+# this package's data settings before the faithful defaults (the one-hour rows): the hand computations below
+LEGACY = dict(layout="sep", center_match="lemma", label_unit="word")
+
+
 def test_annotations_on_subwords_hand_computed():
     d = make_dict("dog run <sep> the dog@@ s are run@@ ning fast runs".split())
     src = encode(d, "dog run <sep> the dog@@ s are run@@ ning fast")
     tgt = encode(d, "the dog runs")
     ds = EKIDataset(
-        LanguagePairDataset(src=[src], src_sizes=[len(src)], src_dict=d, tgt=[tgt], tgt_sizes=[len(tgt)], tgt_dict=d), d
+        LanguagePairDataset(src=[src], src_sizes=[len(src)], src_dict=d, tgt=[tgt], tgt_sizes=[len(tgt)], tgt_dict=d),
+        d,
+        **LEGACY,
     )
     a = ds.annotate(src, tgt)
     # prototype words the | dog@@ s | are | run@@ ning | fast: lemmas dog, run match the concepts,
@@ -137,7 +143,7 @@ def test_l_e_labels_loss_and_accuracy_hand_computed(concept_label):
     d = make_dict("dog run <sep> the dog@@ s are run@@ ning fast runs".split())
     src = encode(d, "dog run <sep> the dog@@ s are run@@ ning fast")
     tgt = encode(d, "the dog runs")
-    ds = EKIDataset(LanguagePairDataset([src], [len(src)], d, [tgt], [len(tgt)], d), d)
+    ds = EKIDataset(LanguagePairDataset([src], [len(src)], d, [tgt], [len(tgt)], d), d, layout="sep")
     sample = ds.collater([ds[0]])
     # Mean(Lambda) per source token; <sep> (0.9) and </s> (0.1) would count as errors if labelled
     #       dog  run  <sep> the  dog@@ s    are  run@@ ning fast </s>
@@ -162,7 +168,7 @@ def test_l_e_labels_loss_and_accuracy_hand_computed(concept_label):
 def test_position_indicator_attention():
     torch.manual_seed(0)
     ref = MultiheadAttention(8, 2, encoder_decoder_attention=True)
-    pia = PositionIndicatorAttention(8, 2, max_distance=4)
+    pia = PositionIndicatorAttention(8, 2, max_distance=4, distance_init_std=0)
     loaded = pia.load_state_dict(ref.state_dict(), strict=False)
     assert loaded.missing_keys == ["distance_embed.weight"] and not loaded.unexpected_keys
     q, kv = torch.randn(3, 2, 8), torch.randn(5, 2, 8)
@@ -327,12 +333,14 @@ def far_bin(tmp_path_factory):
 
 
 def hand_distances(tokens, d, max_distance):
-    """Eq. 7-8 for far_bin's sources, clipped at the model's bound: 0 up to <sep>; then k for
-    the k-th prototype token (</s> included) when the prototype starts with the concept 'dog',
-    else (no concept in it) the bound."""
-    sep = tokens.index(d.index("<sep>"))
-    centered = tokens[sep + 1] == d.index("dog")
-    return [0] * (sep + 1) + [min(k, max_distance) if centered else max_distance for k in range(1, len(tokens) - sep)]
+    """Eq. 7-8 for far_bin's sources as the model reads them (``<s> dog cat ball O </s>``),
+    clipped at the model's bound: 0 for <s> and the three concepts; then k for the k-th
+    prototype token (</s> included) when the prototype starts with the concept 'dog', else (no
+    concept in it) the bound."""
+    start = 4
+    assert tokens[0] == d.bos() and d.index("<sep>") not in tokens
+    centered = tokens[start] == d.index("dog")
+    return [0] * start + [min(k, max_distance) if centered else max_distance for k in range(1, len(tokens) - start + 1)]
 
 
 @pytest.mark.parametrize("max_distance", [3, 70])

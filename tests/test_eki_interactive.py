@@ -140,7 +140,9 @@ def test_interactive_with_bpe_equals_generate(eki_raw_model, generated, tmp_path
     raw = [full_source(c, p) for c, p, _ in eki_raw_model["valid"]]
     code, out, err = interactive(eki_raw_model, raw, tmp_path, monkeypatch, "--batch-size", "1")
     assert code == 0, err[-3000:]
-    assert lines_of(out, "S") == gen_src  # the BPE of each side of <sep> is the recipe's BPE
+    # the BPE of each side of <sep> is the recipe's BPE; generate shows what the model reads, <s> C O </s> (the
+    # concat layout; <s> and </s> not printed), interactive the input line C <sep> O
+    assert {i: [s.replace(" <sep> ", " ")] for i, (s,) in lines_of(out, "S").items()} == gen_src
     assert_same_hypotheses(lines_of(out, "H"), gen_hyp)
 
 
@@ -201,9 +203,15 @@ def test_annotate_batch_equals_the_collater():
     texts = ["dog <sep> the dog", "dog run <sep> the dog@@ s are run@@ ning fast", "cat <sep> fast"]
     srcs = [torch.tensor([d.index(w) for w in t.split()] + [d.eos()]) for t in texts]
     for left_pad in (True, False):
-        ds = EKIDataset(LanguagePairDataset(srcs, [len(s) for s in srcs], d, left_pad_source=left_pad), d)
-        batch = ds.collater([ds[i] for i in range(3)])
-        net = batch["net_input"]
-        assert net["src_tokens"].eq(d.pad()).any()  # padded
-        group, distance = SourceAnnotator(d).annotate_batch(net["src_tokens"])
-        assert torch.equal(group, net["src_group"]) and torch.equal(distance, net["src_distance"])
+        for settings in ({}, dict(layout="sep", center_match="lemma")):
+            pairs = LanguagePairDataset(srcs, [len(s) for s in srcs], d, left_pad_source=left_pad)
+            ds = EKIDataset(pairs, d, **settings)
+            batch = ds.collater([ds[i] for i in range(3)])
+            net = batch["net_input"]
+            assert net["src_tokens"].eq(d.pad()).any()  # padded
+            # what fairseq-interactive hands over: the 'C <sep> O </s>' rows, batched the same way
+            raw = EKIDataset(pairs, d, layout="sep")
+            raw_tokens = raw.collater([raw[i] for i in range(3)])["net_input"]["src_tokens"]
+            tokens, group, distance = SourceAnnotator(d, **settings).annotate_batch(raw_tokens)
+            assert torch.equal(tokens, net["src_tokens"])
+            assert torch.equal(group, net["src_group"]) and torch.equal(distance, net["src_distance"])

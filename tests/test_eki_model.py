@@ -1,6 +1,6 @@
-"""EKI models and modules: the documented start (EKI-BART computes BART's function before its
-first update, new parameters at their EKI init after fairseq's own init and after
---restore-file), the position indicator's single query projection and cached E_D (beam search
+"""EKI models and modules: the documented start (with the exact-start flags EKI-BART computes
+BART's function before its first update; new parameters at their EKI init after fairseq's own
+init and after --restore-file), the position indicator's single query projection and cached E_D (beam search
 included), option checks, and the one-dictionary requirement."""
 
 import argparse
@@ -40,7 +40,7 @@ def build_model(data, arch, *extra):
 
 def test_mirrored_scaling_starts_exactly_at_identity_with_live_gradients():
     torch.manual_seed(0)
-    m = ScalingModule(32, 16, init_std=1e-3)
+    m = ScalingModule(32, 16, init_std=1e-3, init="mirrored")
     h = torch.randn(5, 3, 32)
     out, lam = m(h)
     # old init (plain N(0, 1e-3^2)): |2 Lambda - 1| ~ 1e-5 everywhere
@@ -154,7 +154,16 @@ def test_eki_defaults_never_replace_a_given_value(name, value, flag):
     args = argparse.Namespace(eki_group_embeddings=0, eki_scaling=0, eki_position_indicator=0)
     eki_defaults(args)
     assert (args.eki_group_embeddings, args.eki_scaling, args.eki_position_indicator) == (0, 0, 0)
-    assert args.eki_scaling_dim == 128 and args.eki_max_distance == 64 and args.eki_position_layers == "all"
+    assert args.eki_scaling_dim == 512 and args.eki_max_distance == 64 and args.eki_position_layers == "all"
+    assert args.eki_scaling_activation == "relu" and args.eki_scaling_init == "normal"
+    assert args.eki_scaling_dropout is None  # the model's --dropout
+
+
+def test_old_checkpoint_args_keep_their_scaling_module():
+    """Args saved before the activation and dropout options: ReLU, no dropout, their d_s."""
+    old = argparse.Namespace(eki_scaling_dim=128, eki_scaling_init="mirrored", dropout=0.3)
+    eki_defaults(old)
+    assert (old.eki_scaling_dim, old.eki_scaling_activation, old.eki_scaling_dropout) == (128, "relu", 0.0)
 
 
 @pytest.mark.parametrize("spec", ["2", "x", ""])  # old: names --dimattn-layers; "" became "all"
@@ -180,23 +189,38 @@ def eki_parameters(model):
     return {n: p.detach() for n, p in model.named_parameters() if "group_embedding" in n or "distance_embed" in n}
 
 
-def assert_eki_start(model, std):
+# the exact start: EKI-BART computes BART's function before its first update
+EXACT_START = ["--eki-group-init-std", "0", "--eki-distance-init-std", "0", "--eki-scaling-init", "mirrored"]
+
+
+def assert_eki_start(model, std, group_std=0.0, distance_std=0.0):
     new = eki_parameters(model)
     assert any("group_embedding" in n for n in new) and any("distance_embed" in n for n in new)
-    for n, p in new.items():
-        assert p.abs().max().item() == 0.0, n  # BART's init made them N(0, 0.02^2)
+    for n, p in new.items():  # BART's init made them N(0, 0.02^2)
+        want = group_std if "group_embedding" in n else distance_std
+        if "group_embedding" in n:
+            assert p[0].abs().max() == 0, n  # the padding row
+            p = p[1:]
+        if want == 0:
+            assert p.abs().max().item() == 0.0, n
+        else:
+            assert 0.6 * want < p.std().item() < 1.4 * want, n
     s = model.encoder.scaling
-    half = s.fc1.out_features // 2
+    half = s.fc1.out_features // 2 if s.init == "mirrored" else s.fc1.out_features
     for w in (s.fc1.weight[:half], s.fc2.weight[:, :half]):
         assert 0.6 * std < w.std().item() < 1.4 * std  # BART's init: 0.02
     assert s.fc1.bias.abs().max() == 0 and s.fc2.bias.abs().max() == 0
 
 
 def test_new_parameters_survive_barts_init(eki_bin):
+    torch.manual_seed(0)
     _, model = build_model(
-        eki_bin, "eki_bart_base", *TINY_BART, "--eki-scaling-dim", "8", "--eki-scaling-init-std", "0.005"
+        eki_bin, "eki_bart_base", *TINY_BART, "--eki-scaling-dim", "8", "--eki-scaling-init-std", "0.005", *EXACT_START
     )
     assert_eki_start(model, 0.005)
+    # the defaults: the authors' small random start, not BART's 0.02
+    _, model = build_model(eki_bin, "eki_bart_base", *TINY_BART, "--eki-scaling-dim", "64")
+    assert_eki_start(model, 1e-3, group_std=0.01, distance_std=5e-3)
     # BART's own parameters keep BART's init
     assert 0.015 < model.encoder.embed_tokens.weight.std().item() < 0.025
 
@@ -220,6 +244,7 @@ def test_eki_bart_restored_from_bart_computes_barts_outputs(eki_bin, tiny_bart, 
         *TINY_BART,
         "--eki-scaling-dim",
         "8",
+        *EXACT_START,
         "--criterion",
         "eki_label_smoothed_cross_entropy",
         "--optimizer",

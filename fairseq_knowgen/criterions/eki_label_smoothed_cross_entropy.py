@@ -7,14 +7,16 @@ summed over the labelled source tokens::
     L_E = - sum_v [ y_v log Mean(Lambda_v) + (1 - y_v) log(1 - Mean(Lambda_v)) ]       (Eq. 6)
     loss = L_D (label-smoothed) + lambda * L_E
 
-Labels: y_v = I{s_v in T}, 1 when the source token's id occurs in the target. Eq. 6 sums
-over every s_v in S = [C, O] (Eq. 2) with this one indicator, concepts included, so
+Labels: y_v = I{s_v in T} of :class:`~fairseq_knowgen.data.eki_dataset.SourceAnnotator`: by
+default 1 when the source token's id occurs among the target's ids (the task's
+``--eki-label-unit token``; ``word`` compares the words rebuilt from the BPE). Eq. 6 sums over
+every s_v in S = [C, O] (Eq. 2) with this one indicator, concepts included, so
 ``--eki-concept-label target`` (the default) is the paper's; ``always`` labels every concept
-token 1 (the concepts must all appear in the sentence, but a concept's token may not:
-``run`` vs ``runs``, and then the paper's label is 0). ``<sep>``, ``</s>``, ``<s>`` and
-padding are left out of L_E and of ``acc_e``: they are no tokens of C or O (Eq. 2), their
-labels are trivial (every target ends in ``</s>``, none holds ``<sep>``) and would only
-inflate the accuracy.
+token 1, as the authors' released code does (the concepts must all appear in the sentence, but
+a concept's token may not: ``run`` vs ``runs``, and then the paper's label is 0). ``<sep>``,
+``</s>``, ``<s>`` and padding are left out of L_E and of ``acc_e``: they are no tokens of C or O
+(Eq. 2), their labels are trivial (every target ends in ``</s>``, none holds ``<sep>``) and would
+only inflate the accuracy.
 
 With the copy head (``--arch eki_* --copy``) use ``eki_force_copy`` (in
 :mod:`~fairseq_knowgen.criterions.force_copy`): the force-copy losses in place of L_D, plus
@@ -22,7 +24,8 @@ lambda * L_E from this module's :func:`eki_token_loss`. (This criterion on such 
 label-smooths the copy mixture; with ``<unk-N>`` placeholders in the dictionary that
 mixture has zeros, and the smoothing term is infinite.)
 
-``--eki-lambda`` is lambda; L_E is logged per labelled source token (``loss_e``, in bits like
+``--eki-lambda`` is lambda, 0.5 by default: the paper's text gives no value, the authors'
+``train2.sh`` uses 0.5 (``--decision-lambda``). L_E is logged per labelled source token (``loss_e``, in bits like
 fairseq's losses) with the label accuracy of Mean(Lambda) > 0.5 (``acc_e``). A model
 without the scaling module gives no Lambda, and then L_E is 0.
 """
@@ -51,12 +54,14 @@ CONCEPT_LABELS = ChoiceEnum(list(CONCEPT_LABEL_CHOICES))
 class EKILossConfig(FairseqDataclass):
     """The options of L_E, shared by this criterion and ``eki_force_copy``."""
 
-    eki_lambda: float = field(default=1.0, metadata={"help": "weight lambda of L_E (Eq. 6)"})
+    eki_lambda: float = field(
+        default=0.5, metadata={"help": "weight lambda of L_E (Eq. 6, 10; default 0.5, the authors' released setting)"}
+    )
     eki_concept_label: CONCEPT_LABELS = field(
         default="target",
         metadata={
             "help": "L_E label of concept tokens: 'target' (default, the paper's Eq. 6: 1 only when the token occurs "
-            "in the target, as for prototype tokens) or 'always' (1 for every concept token)"
+            "in the target, as for prototype tokens) or 'always' (1 for every concept token, the authors' code)"
         },
     )
 
@@ -128,7 +133,7 @@ class EKILabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         label_smoothing,
         ignore_prefix_size=0,
         report_accuracy=False,
-        eki_lambda=1.0,
+        eki_lambda=0.5,
         eki_concept_label="target",
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)

@@ -1,31 +1,36 @@
-"""EKI retrieve-and-edit models (``shared/seeds/eki_bart.txt``): ``eki_transformer`` (from
-scratch), ``eki_bart_base`` and ``eki_bart_large`` (fine-tuned from fairseq BART).
+"""EKI retrieve-and-edit models ("An Enhanced Knowledge Injection Model for Commonsense Generation",
+Fan et al., COLING 2020; the authors' code: https://github.com/LibertFan/EKI-BART): ``eki_transformer``
+(from scratch), ``eki_bart_base`` and ``eki_bart_large`` (fine-tuned from fairseq BART). Each default
+is the paper's or, where it is silent, the authors' code's; ``docs/methods/eki.md`` has the table.
 
 Each part is its own module and its own switch, for ablations:
 
 - ``--eki-group-embeddings``: E_C / E_O added to the input embeddings (Eq. 3,
-  :mod:`~fairseq_knowgen.modules.group_embedding`);
+  :mod:`~fairseq_knowgen.modules.group_embedding`), starting at N(0, ``--eki-group-init-std``^2);
 - ``--eki-scaling``: the scaling module on the encoder output (Eq. 5,
-  :mod:`~fairseq_knowgen.modules.scaling_module`), inner size ``--eki-scaling-dim``, weights
-  N(0, ``--eki-scaling-init-std``^2) arranged by ``--eki-scaling-init``; its
+  :mod:`~fairseq_knowgen.modules.scaling_module`), activation ``--eki-scaling-activation`` (the
+  paper's relu), inner size ``--eki-scaling-dim`` (the authors' 512), dropout
+  ``--eki-scaling-dropout`` (the authors': the model's ``--dropout``), weights N(0,
+  ``--eki-scaling-init-std``^2) (the authors' 1e-3) arranged by ``--eki-scaling-init``; its
   Mean(Lambda) feeds L_E in the ``eki_label_smoothed_cross_entropy`` criterion (Eq. 6);
 - ``--eki-position-indicator``: E_D added to the cross-attention keys of the decoder layers
   ``--eki-position-layers`` (default all; Eq. 7-9,
-  :mod:`~fairseq_knowgen.modules.position_indicator`).
+  :mod:`~fairseq_knowgen.modules.position_indicator`), starting at N(0, ``--eki-distance-init-std``^2).
 
 The other two methods of this package compose with EKI by flags (all off by default; with
 them off the model is parameter for parameter the plain EKI one, and its checkpoints load):
 
 - ``--copy``: the pointer-generator copy head of ``copy_transformer`` (force-copy paper,
   Eq. 5-6; :class:`~fairseq_knowgen.models.copy_transformer.CopyDecoderMixin`) over the whole
-  source ``concepts <sep> prototype``, with ``--copy-layer`` / ``--copy-heads``. Its only
+  source (``concepts <sep> prototype`` or ``<s> concepts prototype``), with ``--copy-layer`` /
+  ``--copy-heads``. Its only
   parameters are the switch of Eq. 5 (``decoder.copy_generator.switch``); ``<sep>`` and
   BART's ``<mask>`` are never copied (nor pad/EOS/BOS/``<unk>``), concept and prototype
   tokens are. The copy attention is the copy layer's cross-attention, with E_D in its keys
   when that layer has the position indicator. Train with ``--criterion eki_force_copy``
   (the ``force_copy`` loss + lambda * L_E);
 - ``--dimattn-type dim|dydim`` (and the other ``--dimattn-*`` flags): diminishing attention
-  (Sim et al., Eq. 4-5) in the cross-attention of the layers ``--dimattn-layers`` (default
+  (Han, Lin and Joty, Eq. 4-5) in the cross-attention of the layers ``--dimattn-layers`` (default
   the last, or the copy layer with ``--copy``). A layer with the position indicator as well
   gets :class:`DiminishingPositionIndicatorAttention`: Eq. 9's logits, diminishing weights.
   No new parameters.
@@ -33,19 +38,20 @@ them off the model is parameter for parameter the plain EKI one, and its checkpo
 For example, all three on the CommonGen EKI data of ``examples/commongen``::
 
     fairseq-train DATA --user-dir fairseq_knowgen --task eki_generation --arch eki_transformer \\
-        --copy --dimattn-type dydim --criterion eki_force_copy --copy-supervision force --eki-lambda 1.0 ...
+        --copy --dimattn-type dydim --criterion eki_force_copy --copy-supervision force ...
 
 A switched-off part creates no parameters (no rank waits for a gradient under DDP). Use
 them with ``--task eki_generation`` on data binarized with one dictionary for source and target
 (``fairseq-preprocess --joined-dictionary``; separate dictionaries are refused at build time).
-Fine-tuning from BART: the new parameters start so that the model computes BART's function
-exactly (zero group and distance embeddings, the scaling module at 2 Lambda = 1 with
-``--eki-scaling-init mirrored``, the default), reset to that start after BART's own
-``init_bert_params``, which would draw them from N(0, 0.02^2)::
+Fine-tuning from BART: the new parameters start near zero, as the paper and the authors' code
+start them (group embeddings N(0, 0.01^2), E_D N(0, 0.005^2), the scaling module's weights
+N(0, 0.001^2) so that 2 Lambda ~ 1), redrawn after BART's own ``init_bert_params``, which would
+draw them from N(0, 0.02^2). ``--eki-group-init-std 0 --eki-distance-init-std 0
+--eki-scaling-init mirrored`` starts EKI-BART exactly at BART's function (in evaluation)::
 
     fairseq-train DATA --user-dir fairseq_knowgen --task eki_generation --arch eki_bart_large \\
         --restore-file bart.large/model.pt --reset-optimizer --reset-dataloader --reset-meters \\
-        --reset-lr-scheduler --criterion eki_label_smoothed_cross_entropy --eki-lambda 1.0 ...
+        --reset-lr-scheduler --criterion eki_label_smoothed_cross_entropy ...
 
 ``--restore-file`` loads the BART weights non-strictly for the new parameters only: they are
 absent from the checkpoint and keep their initialization (see ``load_state_dict``). A task
@@ -59,6 +65,7 @@ import argparse
 import functools
 from typing import Dict, List, Optional, Tuple
 
+from fairseq import utils
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
@@ -87,15 +94,20 @@ NEW_PARAMETER_PREFIXES = ("encoder.group_embedding.", "encoder.scaling.", "dista
 EKI_UNCOPYABLE = (SEPARATOR, "<mask>")
 
 
+# the paper's, else the authors' code's (docs/methods/eki.md); eki_scaling_dropout None: the model's --dropout
 EKI_DEFAULTS = {
     "eki_group_embeddings": 1,
+    "eki_group_init_std": 0.01,
     "eki_scaling": 1,
-    "eki_scaling_dim": 128,
+    "eki_scaling_activation": "relu",
+    "eki_scaling_dim": 512,
+    "eki_scaling_dropout": None,
     "eki_scaling_init_std": 1e-3,
-    "eki_scaling_init": "mirrored",
+    "eki_scaling_init": "normal",
     "eki_position_indicator": 1,
     "eki_position_layers": "all",
     "eki_max_distance": 64,
+    "eki_distance_init_std": 5e-3,
 }
 
 
@@ -120,6 +132,26 @@ def _positive_float(text: str) -> float:
 _positive_float.__name__ = "float"
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+_non_negative_float.__name__ = "float"
+
+
+def _dropout(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+_dropout.__name__ = "float"
+
+
 def add_eki_args(parser):
     d = EKI_DEFAULTS
     parser.add_argument(
@@ -129,33 +161,53 @@ def add_eki_args(parser):
         help=f"group embeddings E_C/E_O (Eq. 3; default {d['eki_group_embeddings']})",
     )
     parser.add_argument(
+        "--eki-group-init-std",
+        type=_non_negative_float,
+        metavar="STD",
+        help=f"E_C/E_O start at N(0, std^2) (default {d['eki_group_init_std']}, the authors' code; 0: zero, "
+        "so that a fine-tuned BART's input starts unchanged)",
+    )
+    parser.add_argument(
         "--eki-scaling", type=int, choices=[0, 1], help="scaling module on the encoder output (Eq. 5; default 1)"
+    )
+    parser.add_argument(
+        "--eki-scaling-activation",
+        choices=utils.get_available_activation_fns(),
+        help=f"activation of the scaling module (default {d['eki_scaling_activation']}, the paper's Eq. 5; the "
+        "authors' code uses BART's gelu)",
     )
     parser.add_argument(
         "--eki-scaling-dim",
         type=_at_least(1),
         metavar="D_S",
-        help=f"inner size d_s >= 1 of the scaling module (default {d['eki_scaling_dim']})",
+        help=f"inner size d_s >= 1 of the scaling module (default {d['eki_scaling_dim']}, the authors' code)",
+    )
+    parser.add_argument(
+        "--eki-scaling-dropout",
+        type=_dropout,
+        metavar="P",
+        help="dropout on the scaling module's input and hidden units (default: the model's --dropout, as the "
+        "authors' code)",
     )
     parser.add_argument(
         "--eki-scaling-init-std",
         type=_positive_float,
         metavar="STD",
-        help=f"std of the N(0, std^2) scaling-module weights (default {d['eki_scaling_init_std']}); with "
-        "'--eki-scaling-init normal' it sets how far 2*Lambda starts from 1",
+        help=f"std of the N(0, std^2) scaling-module weights (default {d['eki_scaling_init_std']}, the authors' "
+        "code); it sets how far 2*Lambda starts from 1",
     )
     parser.add_argument(
         "--eki-scaling-init",
         choices=SCALING_INITS,
-        help="scaling-module start: 'mirrored' (default) pairs hidden units with opposite output weights, so "
-        "2*Lambda = 1 exactly and a fine-tuned BART starts as BART; 'normal' is the paper's plain N(0, std^2) "
-        "(2*Lambda ~ 1)",
+        help="scaling-module start: 'normal' (default) is the paper's plain N(0, std^2) (2*Lambda ~ 1); 'mirrored' "
+        "pairs hidden units with opposite output weights, so 2*Lambda = 1 exactly and a fine-tuned BART starts as BART",
     )
     parser.add_argument(
         "--eki-position-indicator",
         type=int,
         choices=[0, 1],
-        help="distance embedding E_D in the cross-attention keys (Eq. 9; default 1)",
+        help="distance embedding E_D in the cross-attention keys (Eq. 9; default 1, the paper's model; the authors' "
+        "released code never feeds it distances: 0 is their model)",
     )
     parser.add_argument(
         "--eki-position-layers",
@@ -168,21 +220,43 @@ def add_eki_args(parser):
         type=_at_least(1),
         help=f"distances are clipped here, >= 1 (E_D has this + 1 rows; default {d['eki_max_distance']})",
     )
+    parser.add_argument(
+        "--eki-distance-init-std",
+        type=_non_negative_float,
+        metavar="STD",
+        help=f"E_D starts at N(0, std^2) (default {d['eki_distance_init_std']}, the authors' code; 0: zero)",
+    )
 
 
 def eki_defaults(args):
     """Fill unset EKI options (``None`` only: 0 is a value) and check them: a bad value is an
-    error naming its flag, never silently replaced."""
+    error naming its flag, never silently replaced. A checkpoint from before the scaling module's
+    activation and dropout options (its args have ``eki_scaling_dim`` and no
+    ``eki_scaling_activation``) keeps the module it was trained with: ReLU, no dropout."""
+    if hasattr(args, "eki_scaling_dim") and not hasattr(args, "eki_scaling_activation"):
+        args.eki_scaling_dropout = 0.0
     for name, default in EKI_DEFAULTS.items():
-        if getattr(args, name, None) is None:
+        if getattr(args, name, None) is None and name != "eki_scaling_dropout":
             setattr(args, name, default)
+    if not hasattr(args, "eki_scaling_dropout"):
+        args.eki_scaling_dropout = None  # the model's --dropout
     for name in ("eki_scaling_dim", "eki_max_distance"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.eki_scaling_init_std > 0:
         raise ValueError(f"--eki-scaling-init-std must be > 0, got {args.eki_scaling_init_std}")
+    for name in ("eki_group_init_std", "eki_distance_init_std"):
+        if not getattr(args, name) >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.eki_scaling_dropout is not None and not 0 <= args.eki_scaling_dropout < 1:
+        raise ValueError(f"--eki-scaling-dropout must be in [0, 1), got {args.eki_scaling_dropout}")
     if args.eki_scaling_init not in SCALING_INITS:
         raise ValueError(f"--eki-scaling-init must be one of {SCALING_INITS}, got {args.eki_scaling_init!r}")
+
+
+def scaling_dropout(args) -> float:
+    """``--eki-scaling-dropout``, or the model's ``--dropout`` when unset (the authors' code)."""
+    return args.eki_scaling_dropout if args.eki_scaling_dropout is not None else float(getattr(args, "dropout", 0.0))
 
 
 def check_shared_dictionary(src_dict, tgt_dict):
@@ -216,12 +290,19 @@ class EKIEncoder(TransformerEncoderBase):
         # the copy head scatters onto the source ids (fairseq's reorder_encoder_out keeps them)
         self.keep_src_tokens = bool(getattr(args, "copy", False))
         dim = embed_tokens.embedding_dim
-        self.group_embedding = GroupEmbedding(dim) if args.eki_group_embeddings else None
-        self.scaling = (
-            ScalingModule(dim, args.eki_scaling_dim, init_std=args.eki_scaling_init_std, init=args.eki_scaling_init)
-            if args.eki_scaling
-            else None
-        )
+        self.group_embedding = None
+        if args.eki_group_embeddings:
+            self.group_embedding = GroupEmbedding(dim, init_std=args.eki_group_init_std)
+        self.scaling = None
+        if args.eki_scaling:
+            self.scaling = ScalingModule(
+                dim,
+                args.eki_scaling_dim,
+                activation=args.eki_scaling_activation,
+                init_std=args.eki_scaling_init_std,
+                init=args.eki_scaling_init,
+                dropout=scaling_dropout(args),
+            )
 
     def forward(
         self,
@@ -260,7 +341,7 @@ class DiminishingPositionIndicatorAttention(PositionIndicatorAttention, Diminish
     """A cross-attention layer with both EKI's position indicator and diminishing attention.
 
     The logits are Eq. 9 of the EKI paper (E_D added to the projected keys, cached with
-    them); the weights that mix the values are Sim et al.'s diminishing weights of the
+    them); the weights that mix the values are Han, Lin and Joty's diminishing weights of the
     softmax of those logits (Eq. 4, or Eq. 5 for ``dydim``), with their coverage state
     in the incremental state. Parameters: those of :class:`PositionIndicatorAttention`
     (fairseq's projections and ``distance_embed``), so an EKI checkpoint loads into it.
@@ -324,7 +405,8 @@ class EKIDecoder(TransformerDecoderBase):
         if getattr(args, "dimattn_type", None):
             dim_layers = parse_layers(args.dimattn_layers, len(self.layers))
             dim_kwargs = diminishing_attention_kwargs(args, self.max_positions())
-        position = functools.partial(PositionIndicatorAttention, max_distance=args.eki_max_distance)
+        distance = dict(max_distance=args.eki_max_distance, distance_init_std=args.eki_distance_init_std)
+        position = functools.partial(PositionIndicatorAttention, **distance)
         for layers, build in (
             ([i for i in self.position_layers if i not in dim_layers], position),
             (
@@ -333,9 +415,7 @@ class EKIDecoder(TransformerDecoderBase):
             ),
             (
                 [i for i in dim_layers if i in self.position_layers],
-                functools.partial(
-                    DiminishingPositionIndicatorAttention, max_distance=args.eki_max_distance, **dim_kwargs
-                ),
+                functools.partial(DiminishingPositionIndicatorAttention, **distance, **dim_kwargs),
             ),
         ):
             replace_cross_attention(self, layers, build)
@@ -395,8 +475,10 @@ class EKIMixin:
         self.reset_eki_parameters()
 
     def reset_eki_parameters(self):
-        """New parameters to their EKI start: zero E_C/E_O and E_D, the scaling module at
-        2 Lambda = 1 (``--eki-scaling-init``). The pretrained model's function is unchanged."""
+        """New parameters to their EKI start: E_C/E_O ~ N(0, ``--eki-group-init-std``^2), E_D ~
+        N(0, ``--eki-distance-init-std``^2), the scaling module at 2 Lambda ~ 1 (``--eki-scaling-init``;
+        exactly 1 with ``mirrored``). With both stds 0 and ``mirrored`` the pretrained model's function
+        is unchanged."""
         for m in self.modules():
             if isinstance(m, (GroupEmbedding, ScalingModule, PositionIndicatorAttention)):
                 m.reset_eki_parameters()

@@ -1,4 +1,4 @@
-"""EKI prototype position indicator (``shared/seeds/eki_bart.txt``, Eq. 7-9).
+"""EKI prototype position indicator ("An Enhanced Knowledge Injection Model for Commonsense Generation", Eq. 7-9).
 
 Distances (Eq. 7-8): prototype tokens get virtual positions 1..n_o; tokens of the prototype
 that match a concept are position centers; each prototype token's value is its smallest
@@ -22,9 +22,12 @@ modified the weights are a plain softmax: when the caller does not ask for them 
 decoder asks in its alignment layer only, in training) the layer runs
 ``F.scaled_dot_product_attention`` on the modified keys
 (:meth:`~fairseq_knowgen.modules.cross_attention.ReweightedCrossAttention.fused_attention`). Each decoder layer
-with the indicator has its own E_D (``distance_embed``, ``max_distance + 1`` rows). E_D starts
-at zero (the pretrained attention unchanged) and is reset to zero after fairseq's own
-initialization (BART's ``init_bert_params``), see :meth:`PositionIndicatorAttention.reset_eki_parameters`.
+with the indicator has its own E_D (``distance_embed``, ``max_distance + 1`` rows). The paper does
+not say how E_D starts; the authors' code draws its distance table from N(0, 0.005^2)
+(``--position-embedding-init-scale 5e-3``), the default ``init_std`` (their released model never
+fed it distances, see ``docs/methods/eki.md``); ``init_std=0`` starts it at zero (the pretrained
+attention unchanged). It is redrawn after fairseq's own initialization (BART's ``init_bert_params``),
+see :meth:`PositionIndicatorAttention.reset_eki_parameters`.
 """
 
 import functools
@@ -53,13 +56,17 @@ class PositionIndicatorAttention(ReweightedCrossAttention):
 
     Args (besides MultiheadAttention's):
         max_distance: distances are clipped to this (>= 1: concept tokens 0, prototype tokens 1+).
+        distance_init_std: E_D ~ N(0, std^2) at the start (>= 0; 0: zero).
     """
 
-    def __init__(self, embed_dim, num_heads, max_distance: int = 64, **kwargs):
+    def __init__(self, embed_dim, num_heads, max_distance: int = 64, distance_init_std: float = 5e-3, **kwargs):
         super().__init__(embed_dim, num_heads, **kwargs)
         if max_distance < 1:
             raise ValueError(f"max_distance must be >= 1 (concepts 0, prototype tokens 1+), got {max_distance}")
+        if not distance_init_std >= 0:
+            raise ValueError(f"distance_init_std must be >= 0, got {distance_init_std}")
         self.max_distance = max_distance
+        self.distance_init_std = distance_init_std
         self.distance_embed = nn.Embedding(max_distance + 1, embed_dim)
         self.reset_eki_parameters()
         # set by EKIDecoder.extract_features for the duration of one decoder call (fairseq's
@@ -67,9 +74,12 @@ class PositionIndicatorAttention(ReweightedCrossAttention):
         self.distances: Optional[Tensor] = None
 
     def reset_eki_parameters(self):
-        """E_D = 0: the attention starts as the pretrained one. (Not named ``reset_parameters``,
-        which MultiheadAttention's constructor calls for its projections.)"""
-        nn.init.zeros_(self.distance_embed.weight)
+        """E_D ~ N(0, ``distance_init_std``^2), or 0 (the attention starts as the pretrained one).
+        (Not named ``reset_parameters``, which MultiheadAttention's constructor calls for its projections.)"""
+        if self.distance_init_std > 0:
+            nn.init.normal_(self.distance_embed.weight, std=self.distance_init_std)
+        else:
+            nn.init.zeros_(self.distance_embed.weight)
 
     def distance_keys(self, distances: Tensor, kv_bsz: int) -> Tensor:
         """E_D(D): ``S x kv_bsz x C`` from distances ``B x S``. In beam search fairseq keeps

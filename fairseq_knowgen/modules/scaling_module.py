@@ -1,4 +1,4 @@
-"""EKI scaling module (``shared/seeds/eki_bart.txt``, Section 2.3.1, Eq. 5-6).
+"""EKI scaling module ("An Enhanced Knowledge Injection Model for Commonsense Generation", Section 2.3.1, Eq. 5-6).
 
 On each encoder output state h_v (every channel separately)::
 
@@ -10,15 +10,22 @@ token weakened in the encoder-decoder attention. ``Mean(Lambda_v)`` over channel
 probability of the token-level classification L_E (Eq. 6, in the criterion
 ``eki_label_smoothed_cross_entropy``): does token v occur in the target?
 
-Initialization. The paper draws the weights from N(0, std^2) with a small std and the biases
+The paper fixes the form and act = ReLU; it leaves d_s, dropout and the initialization's
+variance open. The authors' released code (LibertFan/EKI-BART, ``Adaptor`` in ``src/model.py``)
+uses d_s = 512, BART's activation (GELU), dropout (the model's, 0.1) on the input of W1 and on
+the hidden units (``Lambda = sigmoid(W2 drop(act(W1 drop(h) + b1)) + b2)``, the scaled state
+the undropped ``h``), and N(0, 1e-3^2) weights with zero biases. The EKI models' defaults are
+the paper's ReLU and the authors' d_s, dropout and initialization (``docs/methods/eki.md``).
+
+Initialization. The paper draws the weights from N(0, var) with a small var and the biases
 at 0, so that Lambda ~ 0.5 and 2 Lambda ~ 1: a pretrained model's encoder output is barely
-disturbed (``init="normal"``). The default ``init="mirrored"`` makes the start exact: each
-weight is still drawn from N(0, std^2), but the second half of the hidden units copies the
-first half's W1 rows and negates its W2 columns, so W2 act(W1 h) = 0 for every h (up to
-float rounding, ~1e-12 at std 1e-3, far below float32's resolution at 0.5): Lambda = 0.5 and
-2 Lambda = 1 exactly, and EKI-BART computes BART's function before its first update. Unlike
-W2 = 0 it leaves every weight a non-zero gradient at the first step (the two halves get
-opposite W1 gradients and then drift apart). With an odd d_s the last unit's W2 column is 0.
+disturbed (``init="normal"``, the default). ``init="mirrored"`` (this package's option) makes
+the start exact: each weight is still drawn from N(0, std^2), but the second half of the hidden
+units copies the first half's W1 rows and negates its W2 columns, so W2 act(W1 h) = 0 for every
+h (up to float rounding, ~1e-12 at std 1e-3, far below float32's resolution at 0.5): Lambda = 0.5
+and 2 Lambda = 1 exactly (in evaluation; dropout in training drops the two halves apart), and
+EKI-BART computes BART's function before its first update. Unlike W2 = 0 it leaves every weight
+a non-zero gradient at the first step. With an odd d_s the last unit's W2 column is 0.
 """
 
 import torch
@@ -26,7 +33,7 @@ import torch.nn as nn
 from fairseq import utils
 from torch import Tensor
 
-SCALING_INITS = ("mirrored", "normal")
+SCALING_INITS = ("normal", "mirrored")
 
 
 class ScalingModule(nn.Module):
@@ -35,14 +42,21 @@ class ScalingModule(nn.Module):
     Args:
         embed_dim: d.
         inner_dim: d_s (>= 1).
-        activation: the paper's is relu.
+        activation: a fairseq activation; the paper's is relu, the authors' code BART's gelu.
         init_std: std of the N(0, std^2) weights (> 0).
-        init: ``mirrored`` (exact identity at the start, see the module docstring) or
-            ``normal`` (the paper's plain N(0, std^2): 2 Lambda ~ 1).
+        init: ``normal`` (the paper's N(0, std^2): 2 Lambda ~ 1) or ``mirrored`` (exactly
+            2 Lambda = 1 at the start, see the module docstring).
+        dropout: dropout on the input of W1 and on the hidden units (the authors' code), in [0, 1).
     """
 
     def __init__(
-        self, embed_dim: int, inner_dim: int, activation: str = "relu", init_std: float = 1e-3, init: str = "mirrored"
+        self,
+        embed_dim: int,
+        inner_dim: int,
+        activation: str = "relu",
+        init_std: float = 1e-3,
+        init: str = "normal",
+        dropout: float = 0.0,
     ):
         super().__init__()
         if inner_dim < 1:
@@ -51,10 +65,13 @@ class ScalingModule(nn.Module):
             raise ValueError(f"scaling module: init std must be > 0, got {init_std}")
         if init not in SCALING_INITS:
             raise ValueError(f"scaling module: init must be one of {SCALING_INITS}, got {init!r}")
-        self.init_std, self.init = init_std, init
+        if not 0 <= dropout < 1:
+            raise ValueError(f"scaling module: dropout must be in [0, 1), got {dropout}")
+        self.init_std, self.init, self.activation_name = init_std, init, activation
         self.fc1 = nn.Linear(embed_dim, inner_dim)
         self.fc2 = nn.Linear(inner_dim, embed_dim)
         self.activation = utils.get_activation_fn(activation)
+        self.dropout = nn.Dropout(dropout)
         self.reset_eki_parameters()
 
     def reset_eki_parameters(self):
@@ -71,9 +88,10 @@ class ScalingModule(nn.Module):
                 self.fc2.weight[:, 2 * half :] = 0.0
 
     def extra_repr(self):
-        return f"init={self.init}, init_std={self.init_std}"
+        return f"activation={self.activation_name}, init={self.init}, init_std={self.init_std}"
 
     def forward(self, h: Tensor):
         """h: ``... x d``. Returns (h * 2 Lambda, Lambda), both ``... x d``."""
-        lam = torch.sigmoid(self.fc2(self.activation(self.fc1(h))))
+        hidden = self.dropout(self.activation(self.fc1(self.dropout(h))))
+        lam = torch.sigmoid(self.fc2(hidden))
         return h * (2.0 * lam), lam

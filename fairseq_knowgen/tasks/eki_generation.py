@@ -42,15 +42,48 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 
-from ..data.eki_dataset import SEPARATOR, EKIDataset, SeparatorKeepingBPE, SourceAnnotator, encode_source
+from ..data.eki_dataset import (
+    CENTER_MATCHES,
+    INPUT_LAYOUTS,
+    LABEL_UNITS,
+    SEPARATOR,
+    EKIDataset,
+    SeparatorKeepingBPE,
+    SourceAnnotator,
+    data_settings,
+    encode_source,
+)
 from ..textio import DataError, read_lines, read_parallel
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
 
 @dataclass
 class EKIGenerationConfig(TranslationConstrainedConfig):
+    eki_input_layout: ChoiceEnum(list(INPUT_LAYOUTS)) = field(
+        default=INPUT_LAYOUTS[0],
+        metadata={
+            "help": "what the model reads of the data's 'concepts <sep> prototype': 'concat' (default; the paper's "
+            "S = [C, O], as the authors feed BART: <s> C O </s>, <sep> removed, the parts told apart by the group "
+            "embeddings) or 'sep' (C <sep> O </s>, <sep> a symbol of its own)"
+        },
+    )
+    eki_center_match: ChoiceEnum(list(CENTER_MATCHES)) = field(
+        default=CENTER_MATCHES[0],
+        metadata={
+            "help": "position-indicator centers (Eq. 7): 'token' (default, the paper's s_p = c: a prototype token "
+            "whose id is a concept token's) or 'lemma' (every piece of a prototype word with a concept's lemma)"
+        },
+    )
+    eki_label_unit: ChoiceEnum(list(LABEL_UNITS)) = field(
+        default=LABEL_UNITS[0],
+        metadata={
+            "help": "L_E labels I{s_v in T} (Eq. 6) on 'token' ids (default; the paper's tokens, the authors' code) "
+            "or on 'word's rebuilt from the BPE (lower-cased)"
+        },
+    )
     eki_prototype_corpus: Optional[str] = field(
         default=None,
         metadata={
@@ -83,15 +116,39 @@ class EKIGenerationTask(TranslationConstrainedTask):
         self._corpus: List[str] = []
         self._input_lines_seen = 0
 
-    @property
-    def annotator(self) -> SourceAnnotator:
-        if self._annotator is None:
-            self._annotator = SourceAnnotator(self.src_dict, str(self.cfg.data), self.cfg.eki_gpt2_encoder_json)
-        return self._annotator
+    def annotator(self, model=None) -> SourceAnnotator:
+        """The annotator of raw batches: with the settings ``model`` was trained with (its args;
+        checkpoints older than the options: :data:`~fairseq_knowgen.data.eki_dataset.LEGACY_DATA_SETTINGS`),
+        else the task's."""
+        args = getattr(model, "args", None)
+        s = data_settings(args, legacy=True) if args is not None else data_settings(self.cfg)
+        key = tuple(s.values())
+        if self._annotator is None or self._annotator[0] != key:
+            annotator = SourceAnnotator(
+                self.src_dict,
+                str(self.cfg.data),
+                self.cfg.eki_gpt2_encoder_json,
+                layout=s["eki_input_layout"],
+                center_match=s["eki_center_match"],
+                label_unit=s["eki_label_unit"],
+            )
+            self._annotator = (key, annotator)
+        return self._annotator[1]
 
-    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+    def load_dataset(self, split, epoch=1, combine=False, task_cfg=None, **kwargs):
+        """fairseq's split, wrapped in :class:`EKIDataset`; ``fairseq-generate`` passes the
+        checkpoint's task config (``task_cfg``), whose data settings the model was trained with."""
         super().load_dataset(split, epoch, combine, **kwargs)
-        ds = EKIDataset(self.datasets[split], self.src_dict, f"{self.cfg.data}:{split}", self.cfg.eki_gpt2_encoder_json)
+        s = data_settings(task_cfg, legacy=True) if task_cfg is not None else data_settings(self.cfg)
+        ds = EKIDataset(
+            self.datasets[split],
+            self.src_dict,
+            f"{self.cfg.data}:{split}",
+            self.cfg.eki_gpt2_encoder_json,
+            layout=s["eki_input_layout"],
+            center_match=s["eki_center_match"],
+            label_unit=s["eki_label_unit"],
+        )
         try:
             ds.check_sources()
         except DataError as e:  # before any training: error: DATA:SPLIT:LINE: ..., exit status 2
@@ -100,8 +157,14 @@ class EKIGenerationTask(TranslationConstrainedTask):
         self.datasets[split] = ds
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """The raw ``C <sep> O </s>`` rows: fairseq-interactive keeps only their ``src_tokens``, which
+        :meth:`inference_step` puts into the model's input layout."""
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        return EKIDataset(base, self.src_dict, "<inference>", self.cfg.eki_gpt2_encoder_json)
+        s = data_settings(self.cfg)
+        return EKIDataset(
+            base, self.src_dict, "<inference>", self.cfg.eki_gpt2_encoder_json, layout="sep",
+            center_match=s["eki_center_match"], label_unit=s["eki_label_unit"],
+        )
 
     def build_bpe(self, args):
         """The ``--bpe`` of fairseq-generate/-interactive, decoding each side of ``<sep>`` apart."""
@@ -119,12 +182,14 @@ class EKIGenerationTask(TranslationConstrainedTask):
         return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        """Adds ``src_group`` / ``src_distance`` to a batch that lacks them
-        (fairseq-interactive passes only ``src_tokens`` and ``src_lengths``)."""
+        """A batch without ``src_group`` / ``src_distance`` (fairseq-interactive passes only
+        ``src_tokens`` and ``src_lengths``, of ``C <sep> O </s>`` rows) gets them, and its tokens
+        in the input layout, with the settings the model was trained with."""
         net = sample["net_input"]
         if "src_group" not in net or "src_distance" not in net:
-            group, distance = self.annotator.annotate_batch(net["src_tokens"])
-            sample = {**sample, "net_input": {**net, "src_group": group, "src_distance": distance}}
+            tokens, group, distance = self.annotator(models[0] if models else None).annotate_batch(net["src_tokens"])
+            net = {**net, "src_tokens": tokens, "src_group": group, "src_distance": distance}
+            sample = {**sample, "net_input": net}
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
 
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):

@@ -29,7 +29,7 @@ import os
 import random
 from typing import Dict, List, Sequence, Tuple
 
-from .textio import atomic_write
+from .textio import atomic_write, cli_entry, output_folder
 
 FIRST = (
     "Mara Ivo Lena Tomas Ada Kofi Nils Rosa Emil Yara Otto Ines Bruno Lia Sven Noor "
@@ -138,10 +138,16 @@ def write_split(out: str, split: str, n: int, rng: random.Random, pools: Dict[st
 def make_dataset(
     out: str, train: int = 3000, valid: int = 200, test: int = 200, seed: int = 1, disjoint_names: bool = False
 ):
-    """Write the three splits to ``out``; ``disjoint_names``: valid and test names from :data:`UNSEEN`."""
+    """Write the three splits to ``out``; ``disjoint_names``: valid and test names from :data:`UNSEEN`.
+    ``out`` is replaced as a whole once all are written (:func:`fairseq_knowgen.textio.output_folder`;
+    files there that are none of these outputs are kept)."""
     rng = random.Random(seed)
-    for split, n in (("train", train), ("valid", valid), ("test", test)):
-        write_split(out, split, n, rng, UNSEEN if disjoint_names and split != "train" else SEEN)
+    with output_folder(out, owned=OUTPUTS) as tmp:
+        for split, n in (("train", train), ("valid", valid), ("test", test)):
+            write_split(tmp, split, n, rng, UNSEEN if disjoint_names and split != "train" else SEEN)
+
+
+OUTPUTS = ("*.src", "*.tgt", "*.refs.jsonl", "*.entities")
 
 
 def main(argv=None):
@@ -161,4 +167,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli_entry(main)

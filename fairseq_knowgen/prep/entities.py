@@ -43,7 +43,7 @@ import json
 from typing import List, Sequence, Tuple
 
 from ..text import ENTITY_TOKEN, SURFACE_STYLES, entity_token, surface_form
-from ..textio import DataError, atomic_write, cli_entry, read_lines
+from ..textio import DataError, atomic_files, atomic_write, cli_entry, read_lines
 from .common import replace_numbered
 
 MARKERS = ("<S>", "<P>", "<O>")
@@ -107,8 +107,12 @@ def read_entmap(path: str) -> List[List[str]]:
 
 def write_entmap(path: str, maps: Sequence[Sequence[str]]):
     with atomic_write(path) as f:
-        for m in maps:
-            f.write(json.dumps(list(m), ensure_ascii=False) + "\n")
+        _write_entmap_lines(f, maps)
+
+
+def _write_entmap_lines(f, maps: Sequence[Sequence[str]]):
+    for m in maps:
+        f.write(json.dumps(list(m), ensure_ascii=False) + "\n")
 
 
 def cmd_delexicalize(a):
@@ -118,9 +122,10 @@ def cmd_delexicalize(a):
         tokens, ents = delexicalize_source(line.split(), a.input, n)
         delex.append(" ".join(tokens))
         maps.append([surface_form(e, a.surface) for e in ents])
-    with atomic_write(a.out) as f:
-        f.writelines(x + "\n" for x in delex)
-    write_entmap(a.entmap, maps)
+    # the sources and their map are renamed into place together: never one without the other
+    with atomic_files([a.out, a.entmap]) as (out, entmap):
+        out.writelines(x + "\n" for x in delex)
+        _write_entmap_lines(entmap, maps)
 
 
 def main(argv=None):

@@ -58,9 +58,9 @@ from collections import Counter
 from typing import Dict, Iterator, List, Set, Tuple
 
 from ..text import ENTITY_TOKEN, entity_token
-from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel
+from ..textio import DataError, atomic_write, cli_entry, read_lines, read_parallel, stream_lines
 from . import entities
-from .common import replace_numbered
+from .common import output_folder, replace_numbered
 
 _PLACEHOLDER = re.compile(r"^<unk-(\d+)>$")
 
@@ -160,18 +160,6 @@ def read_dict(path: str) -> Tuple[Set[str], int]:
     return vocab, k
 
 
-def _lines(path: str, what: str) -> Iterator[str]:
-    """Lines of a file, or of standard input (``-``) one at a time as they arrive."""
-    if path != "-":
-        yield from read_lines(path, what)
-        return
-    for n, raw in enumerate(sys.stdin.buffer, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as e:
-            raise DataError("<stdin>", n, f"not valid UTF-8 ({e.reason})") from None
-
-
 @contextlib.contextmanager
 def _output(path: str):
     """A file written atomically, or standard output (``-``) flushed line by line."""
@@ -209,30 +197,34 @@ def add_entity_slots(vocab: Counter, lines: List[str], slots: int = 0) -> int:
     return m
 
 
+# what `encode` writes into --out-dir: replaced as a whole (textio.output_folder); other files there are kept
+ENCODE_OUTPUTS = ("dict.txt", "*.src", "*.tgt")
+
+
 def cmd_encode(a):
-    train_src, train_tgt = read_parallel(a.train_prefix + ".src", a.train_prefix + ".tgt", what="training")
-    vocab = build_vocab(train_src, train_tgt, a.min_count, a.min_source_df, a.max_size)
-    data = {prefix: read_parallel(prefix + ".src", prefix + ".tgt") for prefix in a.splits}
-    n_ent = add_entity_slots(vocab, [x for src, tgt in data.values() for x in src + tgt], a.entity_slots)
-    if n_ent:
-        print(f"dictionary: <ent-0> .. <ent-{n_ent - 1}>")
-    os.makedirs(a.out_dir, exist_ok=True)
-    write_dict(os.path.join(a.out_dir, "dict.txt"), vocab, a.max_positions)
-    for prefix in a.splits:
-        src, tgt = data[prefix]
-        name = os.path.basename(prefix)
-        enc = [encode_pair(s.split(), t.split(), vocab, a.max_positions) for s, t in zip(src, tgt)]
-        for side, k in (("src", 0), ("tgt", 1)):
-            with atomic_write(os.path.join(a.out_dir, f"{name}.{side}")) as f:
-                f.writelines(" ".join(e[k]) + "\n" for e in enc)
-        n_ph = sum(w.startswith("<unk-") for e in enc for w in e[1])
-        print(f"{name}: {len(enc)} lines, {n_ph} target placeholders")
+    with output_folder(a.out_dir, owned=ENCODE_OUTPUTS) as tmp:
+        train_src, train_tgt = read_parallel(a.train_prefix + ".src", a.train_prefix + ".tgt", what="training")
+        vocab = build_vocab(train_src, train_tgt, a.min_count, a.min_source_df, a.max_size)
+        data = {prefix: read_parallel(prefix + ".src", prefix + ".tgt") for prefix in a.splits}
+        n_ent = add_entity_slots(vocab, [x for src, tgt in data.values() for x in src + tgt], a.entity_slots)
+        if n_ent:
+            print(f"dictionary: <ent-0> .. <ent-{n_ent - 1}>")
+        write_dict(os.path.join(tmp, "dict.txt"), vocab, a.max_positions)
+        for prefix in a.splits:
+            src, tgt = data[prefix]
+            name = os.path.basename(prefix)
+            enc = [encode_pair(s.split(), t.split(), vocab, a.max_positions) for s, t in zip(src, tgt)]
+            for side, k in (("src", 0), ("tgt", 1)):
+                with atomic_write(os.path.join(tmp, f"{name}.{side}")) as f:
+                    f.writelines(" ".join(e[k]) + "\n" for e in enc)
+            n_ph = sum(w.startswith("<unk-") for e in enc for w in e[1])
+            print(f"{name}: {len(enc)} lines, {n_ph} target placeholders")
 
 
 def cmd_encode_source(a):
     vocab, k = read_dict(a.dict)
     with _output(a.out) as write:
-        for line in _lines(a.input, "raw source"):
+        for line in stream_lines(a.input, "raw source"):
             write(" ".join(encode_source(line.split(), vocab, k)) + "\n")
 
 
@@ -245,7 +237,7 @@ def cmd_restore(a):
         )
     gen = "<stdin>" if a.gen == "-" else a.gen
     with _output(a.out) as write:
-        for n, line in enumerate(_lines(a.gen, "fairseq-generate output"), start=1):
+        for n, line in enumerate(stream_lines(a.gen, "fairseq-generate output"), start=1):
             parts = line.split("\t")
             if parts[0][:2] in ("H-", "D-") and len(parts) == 3:
                 if not parts[0][2:].isdecimal():

@@ -21,6 +21,10 @@ Splits written to ``--out`` (Moses-tokenized, case kept):
   the model trained on and of the others, one line per entry.
 
 ``eval_splits`` lists the evaluation splits written (``valid`` and those above that exist).
+All outputs are written into a temporary folder beside ``--out`` that replaces it only when every
+split is written (:func:`fairseq_knowgen.textio.output_folder`): bad XML anywhere, even in
+``test/``, leaves an earlier ``--out`` as it was. Files in ``--out`` that are none of this module's
+outputs are kept.
 
 Evaluation inputs per split (one line per entry): ``.refs.jsonl`` (all texts, untokenized),
 ``.entities`` (subjects and objects, ``|``-separated), ``.category``.
@@ -48,9 +52,11 @@ from xml.parsers import expat
 from ..text import SURFACE_STYLES, EntityMatcher, moses_tokenize, surface_form
 from ..textio import DataError, atomic_write, cli_entry
 from . import entities as ent
-from .common import ensure_dir, write_jsonl, write_lines
+from .common import output_folder, write_jsonl, write_lines
 
 DEFAULT_HELDOUT = ("Astronaut", "Monument", "University")
+# every name this module writes into --out (the old ones are replaced or dropped, others kept)
+OUTPUTS = ("*.src", "*.tgt", "*.refs.jsonl", "*.entities", "*.category", "*.entmap", "eval_splits", "entity_match.json")
 
 
 def clean_entity(text: str) -> str:
@@ -80,6 +86,8 @@ def parse_triple(text: str, path: str, line: int = 0) -> List[str]:
 
 def parse_xml(path: str):
     """The root element of an XML file and the line on which each element starts (for errors)."""
+    if os.path.isdir(path):
+        raise DataError(path, 0, "a folder, not an XML file")
     builder, lines = ET.TreeBuilder(), {}
     parser = expat.ParserCreate()
     parser.buffer_text = True
@@ -141,11 +149,17 @@ def entities(triples) -> List[str]:
 
 
 def write_split(
-    out: str, name: str, entries: List[Dict], one_line_per_text: bool, entity_surface: Optional[str] = None
+    out: str,
+    name: str,
+    entries: List[Dict],
+    one_line_per_text: bool,
+    entity_surface: Optional[str] = None,
+    shown: Optional[str] = None,
 ) -> Optional[Dict]:
-    """Write ``name.src/.tgt`` (and the evaluation files). With ``entity_surface`` (a style of
-    :func:`fairseq_knowgen.text.surface_form`) entities become ``<ent-K>`` and ``.lex.src`` and
-    ``.entmap`` are written; returns the entity match counts (else None)."""
+    """Write ``name.src/.tgt`` (and the evaluation files) into ``out``. With ``entity_surface`` (a
+    style of :func:`fairseq_knowgen.text.surface_form`) entities become ``<ent-K>`` and ``.lex.src``
+    and ``.entmap`` are written; returns the entity match counts (else None). Errors name the
+    folder ``shown`` (default ``out``)."""
     src, tgt, lex, maps = [], [], [], []
     mentions = found = 0
     for e in entries:
@@ -155,7 +169,7 @@ def write_split(
                 src.append(s)
                 tgt.append(moses_tokenize(text, lowercase=False))
             continue
-        delex, ents = ent.delexicalize_source(s.split(), f"{out}/{name}.src", len(src) + 1)
+        delex, ents = ent.delexicalize_source(s.split(), f"{shown or out}/{name}.src", len(src) + 1)
         matcher = EntityMatcher(ents, entity_surface)
         surfaces = [surface_form(x, entity_surface) for x in ents]
         # the upper bound is counted on every reference (train: every reference is a line)
@@ -170,11 +184,7 @@ def write_split(
                 maps.append(surfaces)
     write_lines(f"{out}/{name}.src", src)
     write_lines(f"{out}/{name}.tgt", tgt)
-    if entity_surface is None:  # no stale entity files from an earlier run in the same folder
-        for suffix in ("lex.src", "entmap"):
-            if os.path.exists(f"{out}/{name}.{suffix}"):
-                os.remove(f"{out}/{name}.{suffix}")
-    else:
+    if entity_surface is not None:
         write_lines(f"{out}/{name}.lex.src", lex)
         ent.write_entmap(f"{out}/{name}.entmap", maps)
     if not one_line_per_text:
@@ -193,46 +203,45 @@ def prepare(
     data: str, out: str, heldout: Sequence[str] = DEFAULT_HELDOUT, entity_surface: Optional[str] = None
 ) -> List[str]:
     """Write the splits; returns the evaluation splits written (also in ``OUT/eval_splits``).
-    ``entity_surface``: whole-entity placeholders restored in this style (None: none)."""
-    ensure_dir(out)
-    train = read_entries(os.path.join(data, "train"))
-    dev = read_entries(os.path.join(data, "dev"))
-    known = {e["category"] for e in train}
-    unknown = set(heldout) - known
-    if unknown:
-        raise DataError(
-            os.path.join(data, "train"),
-            0,
-            f"--heldout-categories {sorted(unknown)} not among the train categories {sorted(known)}",
-        )
-    match = {}
-    match["train"] = write_split(out, "train", [e for e in train if e["category"] not in heldout], True, entity_surface)
-    match["valid"] = write_split(out, "valid", dev, False, entity_surface)
-    splits = ["valid"]
-    if heldout:
-        match["heldout"] = write_split(
-            out, "heldout", [e for e in train if e["category"] in heldout], False, entity_surface
-        )
-        splits.append("heldout")
-    test_dir = os.path.join(data, "test")
-    if os.path.isdir(test_dir):
-        # seen / unseen by the model: a held-out category is unseen too
-        seen = known - set(heldout)
-        test = read_entries(test_dir)
-        for name, part in (
-            ("test_seen", [e for e in test if e["category"] in seen]),
-            ("test_unseen", [e for e in test if e["category"] not in seen]),
-        ):
-            if part:
-                match[name] = write_split(out, name, part, False, entity_surface)
-                splits.append(name)
-    write_lines(f"{out}/eval_splits", splits)
-    if entity_surface is None:
-        if os.path.exists(f"{out}/entity_match.json"):
-            os.remove(f"{out}/entity_match.json")
-    else:
-        with atomic_write(f"{out}/entity_match.json") as f:
-            json.dump(match, f, indent=1)
+    ``entity_surface``: whole-entity placeholders restored in this style (None: none). ``out`` is
+    replaced as a whole once everything is written (see the module's docstring)."""
+    with output_folder(out, owned=OUTPUTS) as tmp:
+        train = read_entries(os.path.join(data, "train"))
+        dev = read_entries(os.path.join(data, "dev"))
+        known = {e["category"] for e in train}
+        unknown = set(heldout) - known
+        if unknown:
+            raise DataError(
+                os.path.join(data, "train"),
+                0,
+                f"--heldout-categories {sorted(unknown)} not among the train categories {sorted(known)}",
+            )
+        test_dir = os.path.join(data, "test")
+        test = read_entries(test_dir) if os.path.isdir(test_dir) else None
+
+        def split(name, entries, one_line_per_text=False):
+            return write_split(tmp, name, entries, one_line_per_text, entity_surface, shown=out)
+
+        match = {"train": split("train", [e for e in train if e["category"] not in heldout], True)}
+        match["valid"] = split("valid", dev)
+        splits = ["valid"]
+        if heldout:
+            match["heldout"] = split("heldout", [e for e in train if e["category"] in heldout])
+            splits.append("heldout")
+        if test is not None:
+            # seen / unseen by the model: a held-out category is unseen too
+            seen = known - set(heldout)
+            for name, part in (
+                ("test_seen", [e for e in test if e["category"] in seen]),
+                ("test_unseen", [e for e in test if e["category"] not in seen]),
+            ):
+                if part:
+                    match[name] = split(name, part)
+                    splits.append(name)
+        write_lines(f"{tmp}/eval_splits", splits)
+        if entity_surface is not None:
+            with atomic_write(f"{tmp}/entity_match.json") as f:
+                json.dump(match, f, indent=1)
     print("evaluation splits: " + " ".join(splits))
     return splits
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from ..textio import DataError, atomic_write, read_lines
+from ..textio import DataError, atomic_write, check_writable, read_lines
 from .report import evaluate_outputs, format_table, normalize, read_hypotheses, read_references
 
 
@@ -55,24 +55,28 @@ def get_parser():
 
 
 def main(argv=None):
-    args = get_parser().parse_args(argv)
+    """The command line; returns its exit status (2: bad input, named ``path:line``)."""
+    parser = get_parser()
+    args = parser.parse_args(argv)
+    if args.name and len(args.name) != len(args.hyp):
+        parser.error("--name needs one name per --hyp file")
     try:
+        if args.json_out:  # before scoring, which can take minutes
+            check_writable(args.json_out)
         rows = run(args)
+        print(json.dumps(rows))
+        print(format_table(rows))
+        if args.json_out:
+            with atomic_write(args.json_out) as f:
+                json.dump(rows, f, indent=1)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(rows))
-    print(format_table(rows))
-    if args.json_out:
-        with atomic_write(args.json_out) as f:
-            json.dump(rows, f, indent=1)
     return 0
 
 
 def run(args):
     names = args.name or args.hyp
-    if len(names) != len(args.hyp):
-        raise SystemExit("--name needs one name per --hyp file")
     bpe = None if args.bpe == "none" else args.bpe
     detok = None if args.detok == "none" else args.detok
     refs = [[normalize(r, bpe, detok) for r in rs] for rs in read_references(args.refs)]

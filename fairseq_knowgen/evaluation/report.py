@@ -44,12 +44,24 @@ def read_hypotheses(path: str) -> List[str]:
 
 
 def read_references(paths: Sequence[str]) -> List[List[str]]:
-    """References per input from line-aligned files or one ``.jsonl`` file of lists."""
+    """References per input from line-aligned files or one ``.jsonl`` file of lists.
+
+    Inputs have different numbers of references: in line-aligned files an empty line is a missing
+    reference (the files are padded with them), in a ``.jsonl`` list an empty string is none. An
+    input left with no reference at all cannot be scored: a :class:`DataError` at its line (of the
+    first file)."""
     if len(paths) == 1 and paths[0].endswith(".jsonl"):
-        return read_jsonl_lists(paths[0])
-    columns = [read_lines(p, "reference") for p in paths]
-    check_same_length(paths, columns)
-    return [[c[i] for c in columns if c[i].strip()] for i in range(len(columns[0]))]
+        refs = [[r for r in rs if r.strip()] for rs in read_jsonl_lists(paths[0])]
+        where = f"in the list of {paths[0]}"
+    else:
+        columns = [read_lines(p, "reference") for p in paths]
+        check_same_length(paths, columns)
+        refs = [[c[i] for c in columns if c[i].strip()] for i in range(len(columns[0]))]
+        where = "in every reference file" if len(paths) == 1 else f"in every reference file ({', '.join(paths)})"
+    for n, rs in enumerate(refs, start=1):
+        if not rs:
+            raise DataError(paths[0], n, f"no reference for this input: the line is empty {where}")
+    return refs
 
 
 def normalize(text: str, bpe: Optional[str] = "subword_nmt", detok: Optional[str] = None) -> str:

@@ -19,8 +19,9 @@ The output is the newest checkpoint's state (config, update count, extra state) 
 averaged model and without the optimizer state (decoding does not need it; resuming from an
 average is not meant). It is written to a temporary file and renamed, so a failed run leaves
 an earlier output as it was. Fewer than N distinct checkpoints, a checkpoint without
-``num_updates``, one that cannot be read, or with other parameter names or shapes:
-``error: FILE: ...`` and exit 2.
+``num_updates``, one that cannot be read (missing, truncated, not a checkpoint, refused by
+weights-only loading: :func:`fairseq_knowgen.checkpoint_compat.read_checkpoint`), with other
+parameter names or shapes, or an output that cannot be written: ``error: FILE: ...`` and exit 2.
 """
 
 import argparse
@@ -31,7 +32,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from . import checkpoint_compat  # noqa: F401  (fairseq checkpoints under weights-only loading)
+from .checkpoint_compat import read_checkpoint
+from .textio import DataError, atomic_write, check_writable, cli_entry
 
 _EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 
@@ -61,10 +63,7 @@ def newest_distinct(paths: List[str], n: int) -> List[Tuple[int, str, dict]]:
     count, newest first."""
     by_updates: Dict[int, Tuple[str, dict]] = {}
     for path in paths:
-        try:
-            state = torch.load(path, map_location="cpu")
-        except Exception as err:  # truncated or not a torch file: torch.load raises many kinds
-            raise CheckpointAverageError(f"{path}: cannot be read as a checkpoint: {str(err).splitlines()[0]}")
+        state = read_checkpoint(path)
         by_updates.setdefault(num_updates(state, path), (path, state))
     if len(by_updates) < n:
         found = ", ".join(f"{os.path.basename(p)} ({u} updates)" for u, (p, _) in sorted(by_updates.items()))
@@ -105,14 +104,16 @@ def average_checkpoints(directory: str, n: int, out: str) -> List[str]:
     """Write the average of the ``n`` newest checkpoints of ``directory`` to ``out``; returns their paths."""
     if n < 1:
         raise CheckpointAverageError(f"{directory}: --last must be at least 1, got {n}")
+    if not os.path.isdir(directory):
+        raise CheckpointAverageError(f"{directory}: no such folder")
+    check_writable(out)  # before reading N checkpoints
     chosen = newest_distinct(candidate_paths(directory), n)
     state = chosen[0][2]
     state["model"] = average_models([(p, s["model"]) for _, p, s in chosen])
     state.pop("last_optimizer_state", None)
     state["averaged_checkpoints"] = [os.path.basename(p) for _, p, _ in chosen]
-    tmp = f"{out}.tmp{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, out)
+    with atomic_write(out, "wb") as f:
+        torch.save(state, f)
     return [p for _, p, _ in chosen]
 
 
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         paths = average_checkpoints(args.dir, args.last, args.out)
-    except (CheckpointAverageError, FileNotFoundError) as err:
+    except (CheckpointAverageError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"averaged {len(paths)} checkpoints ({', '.join(os.path.basename(p) for p in paths)}) into {args.out}")
@@ -132,4 +133,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli_entry(main))

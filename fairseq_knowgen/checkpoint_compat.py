@@ -17,12 +17,25 @@ numbers and strings, ``argparse.Namespace`` (legacy ``"args"``), and in
 earlier pickled the meter objects themselves under ``extra_state["train_meters"]`` (released
 checkpoints do, pytorch/hub#86), from the module ``fairseq.meters`` that is now
 ``fairseq.logging.meters``.
+
+A checkpoint that cannot be read stops with ``error: PATH: what is wrong`` and exit status 2 (no
+traceback), in the package's own loaders (:func:`read_checkpoint`) and in fairseq's
+(``fairseq-generate --path``, ``fairseq-train --restore-file``/``--finetune-from-model``,
+``fairseq-interactive``... through ``checkpoint_utils.load_checkpoint_to_cpu``): missing, a
+folder, empty, truncated (or not a torch file at all), not a dict with ``"model"``, or refused
+because it names a Python object outside the allow-list (:func:`describe_load_error`).
 """
 
 import argparse
+import os
+import pickle
+import re
+import sys
 
 import numpy as np
 import torch
+
+from .textio import DataError
 
 
 def fairseq_checkpoint_globals():
@@ -91,3 +104,114 @@ def accept_empty_optimizer_history():
 
 
 accept_empty_optimizer_history()
+
+
+class CheckpointError(DataError):
+    """A checkpoint that cannot be read; the message names the file and says what is wrong."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(path, 0, message)
+
+
+def describe_load_error(err: BaseException) -> str:
+    """What ``torch.load``'s exception ``err`` says about the file, in one line."""
+    text = str(err)
+    first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else type(err).__name__
+    if "Weights only load failed" in text:
+        refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+        what = f"the Python object {refused.group(1)}" if refused else "a Python object"
+        return (
+            f"refused: it names {what}, which weights-only loading does not allow (a checkpoint holds tensors "
+            "and plain values; only the types fairseq checkpoints hold are allowed: fairseq_knowgen.checkpoint_compat)"
+        )
+    truncated = ("central directory", "zip archive", "Ran out of input", "unexpected EOF", "truncated")
+    if isinstance(err, EOFError) or any(t in text for t in truncated):
+        return f"cannot be read: truncated, or not a torch checkpoint ({first})"
+    return f"cannot be read: not a torch checkpoint ({type(err).__name__}: {first})"
+
+
+def check_checkpoint_file(path: str):
+    """A :class:`CheckpointError` for a path that cannot be a checkpoint before anything is read."""
+    if os.path.isdir(path):
+        raise CheckpointError(path, "is a folder, not a checkpoint file")
+    if not os.path.isfile(path):
+        raise CheckpointError(path, "checkpoint file not found")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(path, "empty file, not a checkpoint")
+
+
+def read_checkpoint(path: str, map_location="cpu") -> dict:
+    """``torch.load`` (weights-only) of a checkpoint holding a dict; anything else is a
+    :class:`CheckpointError` naming ``path`` (see :func:`describe_load_error`)."""
+    check_checkpoint_file(path)
+    try:
+        state = torch.load(path, map_location=map_location)
+    except Exception as err:  # truncated, not a torch file, a refused global: torch raises many kinds
+        raise CheckpointError(path, describe_load_error(err)) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"holds a {type(state).__name__}, not a checkpoint (a dict)")
+    return state
+
+
+class _TorchWithCheckedLoad:
+    """``torch`` as fairseq's ``checkpoint_utils`` sees it: the same module, except that ``load``
+    raises a :class:`CheckpointError` naming the file for what cannot be read or is no dict with
+    ``"model"`` (every checkpoint fairseq reads there is a training checkpoint)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(f, *args, **kwargs):
+        path = str(getattr(f, "name", f))
+        try:
+            state = torch.load(f, *args, **kwargs)
+        except Exception as err:  # truncated, not a torch file, a refused global: torch raises many kinds
+            raise CheckpointError(path, describe_load_error(err)) from None
+        if not isinstance(state, dict) or "model" not in state:
+            what = "a dict without 'model'" if isinstance(state, dict) else f"a {type(state).__name__}"
+            raise CheckpointError(path, f"holds {what}, not a fairseq checkpoint")
+        return state
+
+
+def stop_on_unreadable_checkpoints():
+    """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` and ``load_model_ensemble_and_task``
+    (every fairseq command that reads a checkpoint) end with ``error: PATH: ...`` and exit status 2
+    for a checkpoint that cannot be read (:func:`read_checkpoint`'s cases, and a dict without
+    ``"model"``), as the package's own commands do, instead of a traceback. ``torch.load`` there is
+    :class:`_TorchWithCheckedLoad`'s; the rest of fairseq's reading is unchanged."""
+    from fairseq import checkpoint_utils
+
+    load = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(load, "_knowgen", False):
+        return
+    checkpoint_utils.torch = _TorchWithCheckedLoad()
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        try:
+            if "://" not in str(path):  # a local file (fairseq's PathManager also reads URLs)
+                check_checkpoint_file(path)
+            state = load(path, arg_overrides, load_on_all_ranks)
+        except CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        return state
+
+    ensemble = checkpoint_utils.load_model_ensemble_and_task
+
+    def load_model_ensemble_and_task(filenames, *args, **kwargs):
+        try:
+            return ensemble(filenames, *args, **kwargs)
+        except OSError as err:  # fairseq: IOError("Model file not found: PATH")
+            found = re.match(r"Model file not found: (.+)", str(err))
+            if not found:
+                raise
+            print(f"error: {found.group(1)}: checkpoint file not found", file=sys.stderr)
+            sys.exit(2)
+
+    load_checkpoint_to_cpu._knowgen = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+
+
+stop_on_unreadable_checkpoints()

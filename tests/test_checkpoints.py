@@ -28,7 +28,7 @@ def test_allow_list_is_exact_and_global_switch_is_off(tmp_path):
         torch.load(p)
 
 
-def test_fairseq_09_train_meters_load(tmp_path):
+def test_fairseq_09_train_meters_load(tmp_path, capsys):
     """fairseq <= 0.9 pickled its meters, from the module ``fairseq.meters``, in
     ``extra_state["train_meters"]`` (released checkpoints, pytorch/hub#86). Such a file, written in
     torch's legacy format with the classes under their old module, loads through fairseq's own
@@ -74,11 +74,15 @@ def test_fairseq_09_train_meters_load(tmp_path):
     assert isinstance(got["wps"], meters.TimeMeter) and got["wps"].n == 40
     assert isinstance(got["wall"], meters.StopwatchMeter) and got["wall"].n == 5
     assert torch.equal(loaded["model"]["w"], torch.arange(3.0))
-    # the loader stays weights-only: an unlisted class in the same place is still refused
+    # the loader stays weights-only: an unlisted class in the same place is still refused, and fairseq's
+    # loader says so in one line naming the file (exit 2; checkpoint_compat.stop_on_unreadable_checkpoints)
     state["extra_state"]["train_meters"] = {"other": NotAllowListed()}
     torch.save(state, tmp_path / "other.pt", _use_new_zipfile_serialization=False)
-    with pytest.raises(pickle.UnpicklingError, match="NotAllowListed"):
+    with pytest.raises(SystemExit) as stop:
         checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "other.pt"))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"error: {tmp_path / 'other.pt'}: refused: it names the Python object" in err
+    assert "NotAllowListed" in err
 
 
 @pytest.mark.parametrize("written_by", ["numpy.core", "numpy._core"])

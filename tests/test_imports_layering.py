@@ -22,6 +22,7 @@ LAYERS = {
     "text": 0,
     "checkpoint_compat": 0,
     "exact_resume": 0,
+    "clean_exit": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
     "optim_utils": 1,

@@ -209,10 +209,11 @@ def test_uncopyable_mask_by_hand():
 
 
 def test_sep_is_never_copied_from_an_eki_source(request):
-    """The EKI copy head gives <sep> no copy attention (every concept and prototype token
-    keeps some), P(<sep>) = p_gen P_vocab(<sep>), and a target <sep> is no copy step for
-    the criterion, although <sep> is in every source."""
-    task, model, args = build(request, "eki+copy", "--copy-supervision", "force")
+    """With --copy-alpha renormalized the EKI copy head gives <sep> no copy attention (every concept
+    and prototype token keeps some), P(<sep>) = p_gen P_vocab(<sep>), and a target <sep> is no copy
+    step for the criterion, although <sep> is in every source (raw alpha, the default, copies it as
+    Eq. 6 does; the criterion's copy candidates leave it out either way)."""
+    task, model, args = build(request, "eki+copy", "--copy-supervision", "force", "--copy-alpha", "renormalized")
     d = task.target_dictionary
     sep = d.index("<sep>")
     model.eval()

@@ -8,7 +8,8 @@ from the decoder's own logits, switch and copy attention.
 - training: the loss and every gradient, and ``get_normalized_probs`` of a training-mode output.
 
 Word-level data with ``<unk-N>`` placeholders, so that P_vocab = 0 columns and words copied only
-are covered."""
+are covered; the default raw alpha (Eq. 6 over every non-pad source position) and ``--copy-alpha
+renormalized`` (over the copyable positions)."""
 
 import re
 
@@ -21,12 +22,16 @@ from helpers import build_task_and_model, first_batch
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
 
 
-def reference_lprobs(logits, p_gen_logit, copy_attn, src_tokens, dictionary):
-    """log of Eq. 6, dense and in float64: ``B x T x V`` from raw logits ``B x T x V``."""
+def reference_lprobs(logits, p_gen_logit, copy_attn, src_tokens, dictionary, alpha_mode="raw"):
+    """log of Eq. 6, dense and in float64: ``B x T x V`` from raw logits ``B x T x V``; alpha over every
+    non-pad position (``raw``) or renormalized over the copyable ones (``renormalized``)."""
     logits = logits.double()
     placeholders = torch.tensor([bool(PLACEHOLDER.match(s)) for s in dictionary.symbols])
     p_vocab = torch.softmax(logits.masked_fill(placeholders, float("-inf")), -1)
-    never = torch.tensor([dictionary.pad(), dictionary.eos(), dictionary.bos(), dictionary.unk()])
+    if alpha_mode == "raw":
+        never = torch.tensor([dictionary.pad()])
+    else:
+        never = torch.tensor([dictionary.pad(), dictionary.eos(), dictionary.bos(), dictionary.unk()])
     copyable = ~torch.isin(src_tokens, never)
     alpha = copy_attn.double() * copyable.unsqueeze(1)
     alpha = alpha / alpha.sum(-1, keepdim=True)
@@ -77,8 +82,9 @@ def assert_equal_lprobs(got, expected):
     torch.testing.assert_close(got[finite].double(), expected[finite], atol=2e-5, rtol=1e-5)
 
 
-def test_every_beam_search_step_equals_the_dense_mixture(word_level_bin):
-    task, model, _ = build(word_level_bin)
+@pytest.mark.parametrize("alpha_mode", ["raw", "renormalized"])
+def test_every_beam_search_step_equals_the_dense_mixture(word_level_bin, alpha_mode):
+    task, model, _ = build(word_level_bin, "--copy-alpha", alpha_mode)
     model.eval()
     logits = record_logits(model)
     steps, normalize = [], model.get_normalized_probs
@@ -97,7 +103,7 @@ def test_every_beam_search_step_equals_the_dense_mixture(word_level_bin):
     assert steps[0][0].size(0) == 3 * sample["nsentences"]
     for lprobs, (out, extra) in zip(logits, steps):
         parts = (extra[k] for k in ("p_gen_logit", "copy_attn", "src_tokens"))
-        expected = reference_lprobs(lprobs, *parts, task.tgt_dict)
+        expected = reference_lprobs(lprobs, *parts, task.tgt_dict, alpha_mode)
         assert_equal_lprobs(out, expected)
 
 
@@ -128,12 +134,12 @@ def test_incremental_decoding_with_a_reorder_across_sentences(word_level_bin):
         assert_equal_lprobs(model.get_normalized_probs(out, log_probs=True), expected)
 
 
-@pytest.mark.parametrize("mode", ["none", "force"])
-def test_training_loss_and_gradients_equal_the_dense_mixture(word_level_bin, mode):
+@pytest.mark.parametrize("mode, alpha_mode", [("none", "raw"), ("force", "raw"), ("none", "renormalized")])
+def test_training_loss_and_gradients_equal_the_dense_mixture(word_level_bin, mode, alpha_mode):
     """The criterion's loss (-log P(w*) with ``none``, the force terms' nll) and every gradient
     against the dense reference built from the same forward pass; ``get_normalized_probs`` of the
     training-mode output (None first output) with the gradients of a random weighting."""
-    task, model, args = build(word_level_bin, "--copy-supervision", mode)
+    task, model, args = build(word_level_bin, "--copy-supervision", mode, "--copy-alpha", alpha_mode)
     crit = task.build_criterion(args)
     logits = record_logits(model)
     sample = first_batch(task)
@@ -144,7 +150,7 @@ def test_training_loss_and_gradients_equal_the_dense_mixture(word_level_bin, mod
     def dense(out):
         extra = out[1]
         parts = (extra[k] for k in ("p_gen_logit", "copy_attn", "src_tokens"))
-        return reference_lprobs(logits[-1], *parts, task.tgt_dict)
+        return reference_lprobs(logits[-1], *parts, task.tgt_dict, alpha_mode)
 
     def grads():
         g = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from checkpoint_helpers import save_checkpoint
 from conftest import TINY_MODEL
 from helpers import build_task_and_model, first_batch
 
@@ -131,22 +132,6 @@ def test_models_default_to_the_new_g2(tiny_bin):
     _, model, args = build_task_and_model(tiny_bin, "transformer_dimattn", *TINY_MODEL, "--dimattn-type", "dydim")
     assert args.dimattn_g2 == "2*sqrt"
     assert model.decoder.layers[-1].encoder_attn.g2.spec == "2*sqrt"
-
-
-def save_checkpoint(model, args, path, **changes):
-    """A checkpoint as fairseq-train writes it (its ``cfg`` holding the model's args), with ``changes`` made to
-    those args, for fairseq's loader."""
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
-    for key, value in changes.items():
-        if value is None:
-            delattr(cfg["model"], key)
-        else:
-            setattr(cfg["model"], key, value)
-    history = [{"criterion_name": "x", "optimizer_name": "y", "lr_scheduler_state": {}, "num_updates": 1}]
-    torch.save({"cfg": cfg, "model": model.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
 
 
 def test_a_checkpoint_keeps_the_g2_it_was_trained_with(tiny_bin, tmp_path):

@@ -403,15 +403,18 @@ def test_copy_incremental_equals_full(tiny_bin, flags):
     torch.testing.assert_close(total, -F.logsigmoid(extra["p_gen_logit"][..., 0])[real], atol=1e-5, rtol=1e-5)
 
 
-def test_copy_distribution_uses_diminishing_weights(tiny_bin):
-    """With --dimattn-* the copy attention is the copy layer's diminishing weights, renormalized."""
+@pytest.mark.parametrize("flags", [[], ["--copy-alpha", "renormalized", "--copy-heads", "all"]])
+def test_copy_distribution_uses_diminishing_weights(tiny_bin, flags):
+    """With --dimattn-* the copy attention is the copy layer's diminishing weights divided by their sum over
+    the positions of Eq. 6: by default the first head's over every non-pad position; with --copy-alpha
+    renormalized --copy-heads all, the average of the heads' over the copyable positions."""
     from helpers import build_task_and_model, first_batch
 
     from fairseq_knowgen.analysis.coverage import teacher_forced_maps
     from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
 
     task, model, _ = build_task_and_model(
-        tiny_bin, "copy_transformer", *TINY_MODEL, "--dimattn-type", "dim", "--copy-layer", "0"
+        tiny_bin, "copy_transformer", *TINY_MODEL, "--dimattn-type", "dim", "--copy-layer", "0", *flags
     )
     model.eval()
     assert isinstance(model.decoder.layers[0].encoder_attn, DiminishingMultiheadAttention)
@@ -420,12 +423,16 @@ def test_copy_distribution_uses_diminishing_weights(tiny_bin):
     with torch.no_grad():
         _, extra = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
     maps = teacher_forced_maps(model, net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], layer=0)
-    used = maps["used"].mean(1)  # B x T x S, heads averaged
-    copyable = ~model.decoder.uncopyable[net["src_tokens"]]
-    used = used * copyable.unsqueeze(1)
+    if flags:  # heads averaged, copyable positions only
+        used, raw = maps["used"].mean(1), maps["raw"].mean(1)  # B x T x S
+        support = ~model.decoder.uncopyable[net["src_tokens"]]
+    else:  # the first head, every non-pad position
+        used, raw = maps["used"][:, 0], maps["raw"][:, 0]
+        support = net["src_tokens"].ne(task.source_dictionary.pad())
+    used = used * support.unsqueeze(1)
     expected = used / used.sum(-1, keepdim=True)
     torch.testing.assert_close(extra["copy_attn"], expected, atol=1e-5, rtol=1e-5)
-    raw = maps["raw"].mean(1) * copyable.unsqueeze(1)
+    raw = raw * support.unsqueeze(1)
     assert not torch.allclose(extra["copy_attn"], raw / raw.sum(-1, keepdim=True), atol=1e-3)
 
 
@@ -590,26 +597,38 @@ def test_training_mode_skips_the_full_mixture_with_the_same_loss_and_gradients(w
         )
 
 
-def test_unk_is_never_a_copy_target(tiny_bin):
-    """An <unk> in the source gets no copy attention, and a target <unk> is not "in the
-    source" (no forced copy) even when the source has an <unk>."""
+@pytest.mark.parametrize("alpha", ["raw", "renormalized"])
+def test_unk_is_never_a_copy_target(tiny_bin, alpha):
+    """A target <unk> is not "in the source" (no forced copy) even when the source has an <unk>. With
+    --copy-alpha renormalized that <unk> gets no copy attention either; with raw alpha (the default) Eq. 6
+    gives P(<unk>) the attention on it, as the paper's sum over i: x_i = w does."""
     from helpers import build_task_and_model, first_batch
 
-    task, model, args = build_task_and_model(tiny_bin, "copy_transformer", *TINY_MODEL, "--criterion", "force_copy")
+    task, model, args = build_task_and_model(
+        tiny_bin, "copy_transformer", *TINY_MODEL, "--criterion", "force_copy", "--copy-alpha", alpha
+    )
     d = task.target_dictionary
     model.eval()
     sample = first_batch(task)
     src, target = sample["net_input"]["src_tokens"], sample["target"]
+    rows = torch.arange(src.size(0))
     first = src.ne(d.pad()).long().argmax(1)  # first real position (sources are left-padded)
-    src[torch.arange(src.size(0)), first] = d.unk()
+    src[rows, first] = d.unk()
     target[:, 0] = d.unk()
     with torch.no_grad():
         out = model(**sample["net_input"])
         lprobs, extra = model.get_normalized_probs(out, log_probs=True), out[1]
-        assert (extra["copy_attn"][torch.arange(src.size(0)), :, first] == 0).all()
-        # P(<unk>) = p_gen P_vocab(<unk>): nothing copied
-        gen_only = torch.nn.functional.logsigmoid(extra["p_gen_logit"][..., 0]) + extra["vocab_lprobs"][..., d.unk()]
-        torch.testing.assert_close(lprobs[..., d.unk()], gen_only, atol=1e-5, rtol=1e-5)
+        logp_gen, logp_copy = (F.logsigmoid(s * extra["p_gen_logit"][..., 0]) for s in (1, -1))
+        gen_only = logp_gen + extra["vocab_lprobs"][..., d.unk()]
+        if alpha == "renormalized":
+            assert (extra["copy_attn"][rows, :, first] == 0).all()
+            # P(<unk>) = p_gen P_vocab(<unk>): nothing copied
+            torch.testing.assert_close(lprobs[..., d.unk()], gen_only, atol=1e-5, rtol=1e-5)
+        else:
+            copied = extra["copy_attn"][rows, :, first]  # B x T: <unk> is at one position of each source
+            assert (copied > 0).all()
+            expected = torch.logaddexp(gen_only, logp_copy + copied.log())
+            torch.testing.assert_close(lprobs[..., d.unk()], expected, atol=1e-5, rtol=1e-5)
         _, _, log = task.build_criterion(args)(model, sample)
     never = {d.pad(), d.eos(), d.bos(), d.unk()}
     expected = 0

@@ -1,7 +1,8 @@
 """``force_copy``: losses of the pointer-generator with supervised copy switch.
 
-Paper text: ``shared/seeds/force_copy.txt``. For target word w*_t, copy attention alpha_t,
-switch p_gen and the mixture P (Eq. 6), ``--copy-supervision`` selects:
+"May the Force Be with Your Copy Mechanism: Enhanced Supervised-Copy Method for Natural
+Language Generation". For target word w*_t, copy attention alpha_t, switch p_gen and the
+mixture P (Eq. 6), ``--copy-supervision`` selects:
 
 - ``none`` (See et al.): loss = -log P(w*_t)                                    (Eq. 7)
 - ``force``: loss = loss_vocab + loss_attn + loss_pgen                          (Eq. 8)
@@ -13,9 +14,11 @@ switch p_gen and the mixture P (Eq. 6), ``--copy-supervision`` selects:
 
 "w*_t in X" means the target id occurs among the copyable source ids: not pad/EOS/BOS and
 not ``<unk>`` (two ``<unk>`` stand for unknown words that need not be the same, so a target
-``<unk>`` is never a copy candidate). Eq. 10 is undefined when w*_t is not in the source
-(log 0); the term is taken over the steps where it is defined, which is what "use attention
-as a guide for copying" means.
+``<unk>`` is never a copy candidate), whatever alpha the model copies with (``--copy-alpha``:
+with raw alpha, Eq. 6 and so the mixture NLL also give P(EOS) the attention on the source's
+EOS, but EOS is no word of X to force a copy of). Eq. 10 is undefined when w*_t is not in the
+source (log 0); the term is taken over the steps where it is defined, which is what "use
+attention as a guide for copying" means.
 
 The ``<unk-N>`` placeholders are outside the fixed vocabulary, so P_vocab(<unk-N>) = 0 and
 Eq. 9 cannot be their own log-probability. ``--oov-vocab-target`` says what loss_vocab does
@@ -36,7 +39,8 @@ distribution used for decoding.
 ``eki_force_copy`` (:class:`EKIForceCopyCriterion`) is this loss plus EKI's lambda * L_E
 (EKI Eq. 6 and 10, ``--eki-lambda``, ``--eki-concept-label``), for ``--arch eki_* --copy``.
 Which source positions count as copyable ("w*_t in X") is the model's own mask when its
-output gives one (``copyable``: EKI's also leaves out ``<sep>``), so model and loss agree.
+output gives one (``copyable``: EKI's also leaves out ``<sep>``), and the positions of Eq. 6's
+sum are the model's ``copy_support`` (all non-pad ones with raw alpha), so model and loss agree.
 """
 
 from dataclasses import dataclass, field
@@ -85,6 +89,7 @@ def force_copy_terms(
     placeholders,
     unk,
     oov_vocab_target="unk",
+    support=None,
 ):
     """Per-step terms, each ``B x T``.
 
@@ -96,6 +101,8 @@ def force_copy_terms(
         src_tokens: ``B x S``; target: ``B x T``; copyable: ``B x S`` bool
         placeholders: ``V`` bool, the ``<unk-N>`` ids; unk: the ``<unk>`` id
         oov_vocab_target: ``unk`` or ``skip`` (see ``--oov-vocab-target``)
+        support: ``B x S`` bool, the positions of Eq. 6's sum (the model's ``copy_support``), for
+            log P(w*) when ``lprobs`` is None; None: ``copyable``
     Returns:
         dict of ``nll`` (-log P(w*), 0 where not ``reachable``), ``vocab`` (Eq. 9), ``attn``
         (Eq. 10, 0 where w* is not in the source), ``in_src``, the copy labels
@@ -106,7 +113,8 @@ def force_copy_terms(
     is_placeholder = placeholders[target]
     reachable = in_src | ~is_placeholder  # P(w*) > 0: placeholders only by copying
     if lprobs is None:
-        gathered = mixture_lprobs_at(target, vocab_lprobs, p_gen_logit, copy_attn, src_tokens, copyable)
+        support = copyable if support is None else support
+        gathered = mixture_lprobs_at(target, vocab_lprobs, p_gen_logit, copy_attn, src_tokens, support)
     else:
         gathered = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     nll = torch.where(reachable, -gathered, torch.zeros_like(gathered))
@@ -186,6 +194,7 @@ class ForceCopyCriterion(FairseqCriterion):
             self.placeholders,
             self.unk,
             self.oov_vocab_target,
+            support=extra.get("copy_support", copyable),
         )
         mask = target.ne(self.padding_idx)
         if self.mode == "none":

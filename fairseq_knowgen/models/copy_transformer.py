@@ -1,12 +1,23 @@
 """``copy_transformer``: a transformer whose decoder mixes generating and copying.
 
-The copy head (Eq. 5-6 of the force-copy paper, See et al.'s pointer-generator) is
-:class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`; train it with the
-``force_copy`` criterion (``--copy-supervision none|force|force-unk``). The decoder returns
+The copy head (Eq. 5-6 of "May the Force Be with Your Copy Mechanism", See et al.'s
+pointer-generator) is :class:`~fairseq_knowgen.modules.copy_generator.CopyGenerator`; train it with
+the ``force_copy`` criterion (``--copy-supervision none|force|force-unk``). The decoder returns
 the *logits* of the mixture as its first output (log P(w) - log p_gen,
 :func:`~fairseq_knowgen.modules.copy_generator.mixture_logits`: their log-softmax is log P(w)),
-and ``p_gen`` (with its logit ``p_gen_logit``), the (renormalized) copy attention ``copy_attn``
-and log P_vocab (``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
+and ``p_gen`` (with its logit ``p_gen_logit``), the copy attention ``copy_attn`` and log P_vocab
+(``vocab_lprobs``) in its ``extra`` dict, so criteria and analyses can read them.
+
+The copy distribution (alpha_t of Eq. 6), by default as the paper writes it: the attention of one
+head (``--copy-heads 1``, the first, as fairseq's pointer-generator's ``--alignment-heads 1``) of
+the last decoder layer's cross-attention (``--copy-layer -1``), over every source position (EOS
+and ``<unk>`` in the source add to P(EOS) and P(<unk>), as in Eq. 6 and fairseq's
+pointer-generator). ``--copy-alpha renormalized`` instead keeps special symbols (EOS, BOS, pad),
+``<unk>`` (and EKI's ``<sep>``/``<mask>``) out of the copy distribution and renormalizes alpha over
+the remaining, copyable positions; ``--copy-heads all`` averages every head. A checkpoint saved
+before ``--copy-alpha`` existed (its args have no ``copy_alpha``) was trained with both
+(renormalized alpha, all heads unless it set ``--copy-heads``) and loads that way, with the
+choice written into its args (:func:`copy_defaults`).
 
 In training mode the first output is None: the mixture over the whole vocabulary is not
 needed for a loss at the targets (the ``force_copy`` criteria take log P(w*) from the extras,
@@ -32,7 +43,9 @@ anything across examples.
 
 With ``--dimattn-type`` (and the other ``--dimattn-*`` flags) the cross-attention of the
 copy layer (and any layer named by ``--dimattn-layers``) becomes diminishing attention,
-and the copy distribution uses the diminishing weights.
+and the copy distribution uses the diminishing weights, divided by their sum over the
+positions of Eq. 6 (all non-pad positions, or the copyable ones with ``--copy-alpha
+renormalized``): diminishing weights sum to less than 1, and Eq. 6 needs a distribution.
 
 The copy head is :class:`CopyDecoderMixin` on fairseq's decoder (:class:`CopyTransformerDecoder`);
 the EKI models put the same mixin on their decoder with ``--copy`` (see
@@ -56,10 +69,11 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from ..modules.copy_generator import CopyGenerator, full_mixture
+from ..modules.copy_generator import CopyGenerator, copyable_mask, full_mixture
 from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_attention
 
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
+COPY_ALPHA = ("raw", "renormalized")
 
 
 def uncopyable_mask(dictionary, symbols: Sequence[str] = ()) -> Tensor:
@@ -121,9 +135,33 @@ class SourceKeepingEncoder(TransformerEncoderBase):
         return out
 
 
+def pad_only_mask(dictionary) -> Tensor:
+    """Vocabulary-sized bool tensor, True for pad only: the positions Eq. 6 leaves out with raw
+    alpha (pad gets no attention anyway)."""
+    mask = torch.zeros(len(dictionary), dtype=torch.bool)
+    mask[dictionary.pad()] = True
+    return mask
+
+
+def copy_heads_arg(value: str) -> int:
+    """``--copy-heads``: a number of heads, or ``all`` (0)."""
+    if value == "all":
+        return 0
+    heads = int(value)
+    if heads < 0:
+        raise ValueError(f"--copy-heads must be 'all' or a positive number, got {value!r}")
+    return heads
+
+
 def add_copy_args(parser, switch: bool = False):
-    """``--copy-layer`` and ``--copy-heads``; with ``switch`` also ``--copy`` (the models on
-    which the copy head is optional: ``eki_*``)."""
+    """``--copy-layer``, ``--copy-heads`` and ``--copy-alpha``; with ``switch`` also ``--copy``
+    (the models on which the copy head is optional: ``eki_*``).
+
+    ``--copy-alpha`` has its default in the parser (the others get theirs from
+    :func:`copy_defaults`): fairseq's model-specific option group leaves an option without one
+    out of the args when it is not given, and the EKI models build their decoder from a copy of
+    the args, so only a parser default puts the value into every checkpoint's args, and lets
+    :func:`copy_defaults` tell a checkpoint saved before the flag existed by its absence."""
     if switch:
         parser.add_argument(
             "--copy",
@@ -139,17 +177,43 @@ def add_copy_args(parser, switch: bool = False):
     )
     parser.add_argument(
         "--copy-heads",
-        type=int,
+        type=copy_heads_arg,
         metavar="H",
-        help="average the copy attention over the first H heads (default: all)",
+        help="the copy attention is the first head of --copy-layer (default 1: one attention distribution, as the "
+        "force-copy paper and fairseq's pointer-generator's --alignment-heads 1), or the average of its first H "
+        "heads, or of all of them ('all')",
+    )
+    parser.add_argument(
+        "--copy-alpha",
+        choices=COPY_ALPHA,
+        default="raw",
+        help="the copy distribution of Eq. 6: raw: the attention alpha_t over every source position, as the paper "
+        "(EOS and <unk> in the source are copied as themselves); renormalized: alpha over the copyable positions "
+        "only (not EOS/BOS/pad/<unk>, nor EKI's <sep>/<mask>), renormalized to sum to 1 (default raw; checkpoints "
+        "saved before this flag existed load as renormalized, with all heads unless they set --copy-heads)",
     )
 
 
 def copy_defaults(args):
-    """Fill unset copy options: the last layer's attention, all its heads."""
+    """Fill unset copy options: the last layer's attention, its first head, raw alpha (Eq. 6 as
+    written).
+
+    A model config saved before ``--copy-alpha`` existed (a checkpoint's: fairseq names it with
+    ``_name``, which no command line sets) has no ``copy_alpha``, where every command line has
+    the parser's default: its model renormalized alpha over the copyable positions and averaged
+    all heads (unless ``--copy-heads`` was given), and is rebuilt so, with the choice written into
+    the args (fairseq calls the arch function on a checkpoint's args before building its model,
+    and a checkpoint saved from it again records them)."""
     if getattr(args, "copy_layer", None) is None:
         args.copy_layer = -1
-    args.copy_heads = getattr(args, "copy_heads", None)
+    if getattr(args, "_name", None) and not hasattr(args, "copy_alpha"):  # saved before --copy-alpha existed
+        args.copy_alpha = "renormalized"
+        if getattr(args, "copy_heads", None) is None:
+            args.copy_heads = 0
+    if getattr(args, "copy_alpha", None) is None:
+        args.copy_alpha = "raw"
+    if getattr(args, "copy_heads", None) is None:
+        args.copy_heads = 1
 
 
 def dimattn_at_copy_layer(args, copy_layer: int):
@@ -172,18 +236,34 @@ class CopyDecoderMixin:
     """
 
     def add_copy_head(
-        self, cfg, dictionary, copy_layer: int = -1, copy_heads: Optional[int] = None, uncopyable_symbols=()
+        self,
+        cfg,
+        dictionary,
+        copy_layer: int = -1,
+        copy_heads: Optional[int] = 1,
+        uncopyable_symbols=(),
+        copy_alpha: str = "raw",
     ):
-        """The switch parameters (Eq. 5) and the masks: ``uncopyable_symbols`` are never
-        copied besides pad/EOS/BOS/``<unk>`` (see :func:`uncopyable_mask`)."""
+        """The switch parameters (Eq. 5) and the masks. ``copy_heads``: how many heads of
+        ``copy_layer`` the copy attention averages (0 or None: all). ``copy_alpha``: ``raw`` (Eq. 6
+        over every non-pad source position) or ``renormalized`` (over the copyable positions
+        only). Whatever ``copy_alpha``, ``uncopyable_symbols`` and pad/EOS/BOS/``<unk>`` are not
+        copy candidates for the criterion's "w* in X" (see :func:`uncopyable_mask`)."""
         if not -len(self.layers) <= copy_layer < len(self.layers):
             raise ValueError(f"--copy-layer {copy_layer} out of range for {len(self.layers)} decoder layers")
         self.copy_layer = copy_layer % len(self.layers)
-        if copy_heads is not None and not 1 <= copy_heads <= cfg.decoder.attention_heads:
-            raise ValueError(f"--copy-heads must be in 1..{cfg.decoder.attention_heads}, got {copy_heads}")
-        self.copy_heads = copy_heads
+        if copy_heads is not None and not 0 <= copy_heads <= cfg.decoder.attention_heads:
+            raise ValueError(f"--copy-heads must be 'all' or in 1..{cfg.decoder.attention_heads}, got {copy_heads}")
+        self.copy_heads = copy_heads or None  # None: fairseq's extract_features averages every head
+        if copy_alpha not in COPY_ALPHA:
+            raise ValueError(f"--copy-alpha must be one of {', '.join(COPY_ALPHA)}, got {copy_alpha!r}")
+        self.copy_alpha = copy_alpha
         self.copy_generator = CopyGenerator(self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim)
-        self.register_buffer("uncopyable", uncopyable_mask(dictionary, uncopyable_symbols), persistent=False)
+        uncopyable = uncopyable_mask(dictionary, uncopyable_symbols)
+        self.register_buffer("uncopyable", uncopyable, persistent=False)
+        # the positions Eq. 6 leaves out: pad only (raw alpha), or every uncopyable one (renormalized)
+        outside = uncopyable if copy_alpha == "renormalized" else pad_only_mask(dictionary)
+        self.register_buffer("outside_copy", outside, persistent=False)
         self.register_buffer("placeholders", placeholder_mask(dictionary), persistent=False)
         # their ids: P_vocab = 0 is written into these columns only
         self.register_buffer("placeholder_ids", self.placeholders.nonzero().squeeze(1), persistent=False)
@@ -201,11 +281,12 @@ class CopyDecoderMixin:
         return_all_hiddens: bool = False,
     ):
         """Returns (the mixture's logits ``B x T x V``, extra) where extra holds ``p_gen`` and
-        ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (``B x T x S``), ``vocab_lprobs``
-        (``B x T x V``; not in incremental decoding without gradients, where the mixture is
-        written into it), ``copyable`` (``B x S`` bool, the source positions that may be
-        copied: the criterion's "w* in X" uses the same), ``src_tokens`` and ``attn``. In
-        training mode the first output is None (see the module docstring)."""
+        ``p_gen_logit`` (``B x T x 1``), ``copy_attn`` (alpha of Eq. 6, ``B x T x S``),
+        ``vocab_lprobs`` (``B x T x V``; not in incremental decoding without gradients, where the
+        mixture is written into it), ``copy_support`` (``B x S`` bool, the source positions of
+        Eq. 6's sum), ``copyable`` (``B x S`` bool, the copy candidates: the criterion's "w* in
+        X"), ``src_tokens`` and ``attn``. In training mode the first output is None (see the
+        module docstring)."""
         x, extra = self.extract_features(
             prev_output_tokens,
             encoder_out=encoder_out,
@@ -219,7 +300,9 @@ class CopyDecoderMixin:
         input_embed = self.embed_tokens(tokens)  # y_t: B x T x C
         src_tokens = encoder_out["src_tokens"][0]
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # B x S x C
-        index = self.copy_generator.source_index(src_tokens, self.uncopyable, incremental_state)
+        index = self.copy_generator.source_index(src_tokens, self.outside_copy, incremental_state)
+        support = index["copyable"]
+        copyable = support if self.copy_alpha == "renormalized" else copyable_mask(src_tokens, self.uncopyable)
         out = self.copy_generator(
             self.output_layer(x),
             x,
@@ -227,7 +310,7 @@ class CopyDecoderMixin:
             extra["attn"][0],
             enc,
             src_tokens,
-            index["copyable"],
+            support,
             self.placeholder_ids,
             full=not self.training,
             index=index,
@@ -236,7 +319,7 @@ class CopyDecoderMixin:
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             if out[key] is not None:
                 extra[key] = out[key]
-        extra["copyable"], extra["src_tokens"] = index["copyable"], src_tokens
+        extra["copy_support"], extra["copyable"], extra["src_tokens"] = support, copyable, src_tokens
         extra["attn"] = [out["copy_attn"]]
         return out["logits"], extra
 
@@ -247,7 +330,9 @@ class CopyDecoderMixin:
         logits = net_output[0]
         if logits is None:
             e = net_output[1]
-            lprobs = full_mixture(e["vocab_lprobs"], e["p_gen_logit"], e["copy_attn"], e["src_tokens"], e["copyable"])
+            lprobs = full_mixture(
+                e["vocab_lprobs"], e["p_gen_logit"], e["copy_attn"], e["src_tokens"], e["copy_support"]
+            )
             return lprobs if log_probs else lprobs.exp()
         logits = logits.float()
         return torch.log_softmax(logits, dim=-1) if log_probs else torch.softmax(logits, dim=-1)
@@ -256,9 +341,11 @@ class CopyDecoderMixin:
 class CopyTransformerDecoder(CopyDecoderMixin, TransformerDecoderBase):
     """Transformer decoder with a pointer-generator output (returns log-probabilities)."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, copy_layer: int = -1, copy_heads: Optional[int] = None):
+    def __init__(
+        self, cfg, dictionary, embed_tokens, copy_layer: int = -1, copy_heads: Optional[int] = 1, copy_alpha="raw"
+    ):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
-        self.add_copy_head(cfg, dictionary, copy_layer, copy_heads)
+        self.add_copy_head(cfg, dictionary, copy_layer, copy_heads, copy_alpha=copy_alpha)
 
 
 @register_model("copy_transformer")
@@ -305,7 +392,9 @@ class CopyTransformerModel(TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         copy_defaults(args)
-        decoder = CopyTransformerDecoder(cfg, tgt_dict, embed_tokens, args.copy_layer, args.copy_heads)
+        decoder = CopyTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, args.copy_layer, args.copy_heads, copy_alpha=args.copy_alpha
+        )
         if getattr(args, "dimattn_type", None):
             dimattn_at_copy_layer(args, decoder.copy_layer)
             install_diminishing_attention(decoder, args)

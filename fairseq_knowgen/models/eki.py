@@ -461,7 +461,14 @@ class EKICopyDecoder(CopyDecoderMixin, EKIDecoder):
 
     def __init__(self, cfg, dictionary, embed_tokens, args):
         super().__init__(cfg, dictionary, embed_tokens, args)
-        self.add_copy_head(cfg, dictionary, args.copy_layer, args.copy_heads, uncopyable_symbols=EKI_UNCOPYABLE)
+        self.add_copy_head(
+            cfg,
+            dictionary,
+            args.copy_layer,
+            args.copy_heads,
+            uncopyable_symbols=EKI_UNCOPYABLE,
+            copy_alpha=args.copy_alpha,
+        )
 
 
 class EKIMixin:

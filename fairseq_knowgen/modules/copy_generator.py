@@ -1,8 +1,8 @@
-"""Pointer-generator copy head (See et al., 2017), as used by the force-copy paper.
+"""Pointer-generator copy head (See et al., 2017), as used by "May the Force Be with Your Copy
+Mechanism: Enhanced Supervised-Copy Method for Natural Language Generation".
 
-Paper text: ``shared/seeds/force_copy.txt``. At each target step t, with copy attention
-alpha_t over source positions, encoder states h_i, decoder state s_t and decoder input
-embedding y_t:
+At each target step t, with copy attention alpha_t over source positions, encoder states h_i,
+decoder state s_t and decoder input embedding y_t:
 
 - context vector (Eq. 3): c_t = sum_i alpha_{t,i} h_i
 - vocabulary distribution (Eq. 4): P_vocab = softmax(logits), over the *fixed* vocabulary
@@ -19,12 +19,21 @@ words absent from the source get exactly log 0 = -inf from the copy part.
 
 Choices the text leaves open (documented here, flags of ``copy_transformer``):
 
-- alpha comes from one decoder cross-attention layer, averaged over its first
-  ``--copy-heads`` heads (default: all) of layer ``--copy-layer`` (default: last);
-- alpha is renormalized over *copyable* source positions: special symbols (EOS, BOS, pad)
-  and ``<unk>`` are never copied (an ``<unk>`` in the source stands for some unknown word,
-  not for the target's), so the copy part is a proper distribution over source words. When
-  that layer uses diminishing attention, alpha is its diminishing weights, renormalized;
+- alpha comes from one decoder cross-attention layer, ``--copy-layer`` (default: the last),
+  and one of its heads: the first (``--copy-heads 1``, the default, as fairseq's
+  pointer-generator's ``--alignment-heads 1``), or the average of its first H heads or of all;
+- the positions of Eq. 6's sum (``support``, the ``copyable`` argument here) are every non-pad
+  source position by default (``--copy-alpha raw``): EOS and ``<unk>`` in the source add to
+  P(EOS) and P(<unk>), as Eq. 6 and fairseq's pointer-generator do. With ``--copy-alpha
+  renormalized`` they are the *copyable* positions only: special symbols (EOS, BOS, pad) and
+  ``<unk>`` are never copied (an ``<unk>`` in the source stands for some unknown word, not for
+  the target's), and alpha is renormalized over the rest, so the copy part is a distribution
+  over source words. alpha is divided by its sum over the support: a softmax attention
+  already sums to 1 over the non-pad positions, so raw alpha is unchanged; when the layer uses
+  diminishing attention, whose weights sum to less than 1, alpha is those weights divided by
+  their sum;
+- the context vector c_t of Eq. 5 is Eq. 3 with that alpha (the paper's c_t comes from the same
+  attention distribution as Eq. 6's alpha);
 - words outside the vocabulary are copied through placeholder symbols ``<unk-N>`` (the
   source word at position N), as in fairseq's ``examples/pointer_generator``; see
   :mod:`fairseq_knowgen.prep.placeholders`. The placeholders are not in the fixed
@@ -198,7 +207,8 @@ class CopyGenerator(nn.Module):
             vocab_logits: ``B x T x V`` (overwritten at ``not_generated``); state: ``B x T x C_s``;
                 input_embed: ``B x T x C_y``
             attn: raw copy attention ``B x T x S``; encoder_states: ``B x S x C_h``
-            src_tokens: ``B x S`` vocabulary ids; copyable: ``B x S`` bool
+            src_tokens: ``B x S`` vocabulary ids; copyable: ``B x S`` bool, the positions of Eq. 6's
+                sum (the support; alpha is divided by its sum over them)
             not_generated: 1-D ids outside the fixed vocabulary (P_vocab = 0)
             full: compute the mixture over the whole vocabulary (else ``logits`` is None: see
                 :func:`mixture_lprobs_at` and :func:`mixture_logits`)
@@ -210,7 +220,7 @@ class CopyGenerator(nn.Module):
             dict with ``logits`` (the mixture's logits, :func:`mixture_logits`: their
             log-softmax is log of Eq. 6, ``B x T x V``, or None), ``vocab_lprobs`` (log
             P_vocab), ``p_gen`` and its logit ``p_gen_logit`` (z of Eq. 5, ``B x T x 1``)
-            and ``copy_attn`` (alpha renormalized, ``B x T x S``).
+            and ``copy_attn`` (alpha over the support, ``B x T x S``).
         """
         bsz, tgt_len, _ = vocab_logits.shape
         assert attn.shape == (bsz, tgt_len, src_tokens.size(1)), (attn.shape, src_tokens.shape)
@@ -238,9 +248,9 @@ class CopyGenerator(nn.Module):
     def source_index(
         self, src_tokens: Tensor, uncopyable: Optional[Tensor], incremental_state=None
     ) -> Dict[str, Tensor]:
-        """:func:`source_index` of ``src_tokens`` (copyable: not ``uncopyable``, see
-        :func:`copyable_mask`), computed on the first decoding step and kept in the incremental
-        state (:meth:`reorder_incremental_state` moves it with the beam)."""
+        """:func:`source_index` of ``src_tokens`` (its ``copyable``, the support of Eq. 6: not
+        ``uncopyable``, see :func:`copyable_mask`), computed on the first decoding step and kept in
+        the incremental state (:meth:`reorder_incremental_state` moves it with the beam)."""
         if incremental_state is not None:
             cached = self.get_incremental_state(incremental_state, "source")
             if cached is not None:

@@ -14,7 +14,12 @@ from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 
 from fairseq_knowgen.criterions.cocon import CoConCriterion, sample_fixed_splits, sample_splits, span_mask
 from fairseq_knowgen.modules.cocon_block import CoConAttention, CoConBlock
-from fairseq_knowgen.modules.cocon_discriminator import HiddenStateDiscriminator, discriminator_losses
+from fairseq_knowgen.modules.cocon_discriminator import (
+    ConvDiscriminator,
+    HiddenStateDiscriminator,
+    build_discriminator,
+    discriminator_losses,
+)
 
 WORDS = "dog cat ball park run jump play throw catch field river boat sit swim the a and in".split()
 
@@ -50,9 +55,15 @@ def cocon_data(tmp_path_factory):
     return out, lm_dir / "lm.pt"
 
 
+# the fixture's lines are short sentences, each a training sample (--cocon-sample-mode lines); the default samples,
+# 30-token windows of running text, are tested in tests/test_cocon_windows.py
+LINES = ("--cocon-sample-mode", "lines")
+
+
 def build(cocon_data, *extra):
     data, lm = cocon_data
-    args = ["--cocon-lm-path", lm, "--cocon-layer", "1", "--cocon-zero-init", "0", "--cocon-dropout", "0", *extra]
+    args = ["--cocon-lm-path", lm, "--cocon-layer", "1", "--cocon-zero-init", "0", "--cocon-dropout", "0", *LINES]
+    args += extra
     task, model, _ = build_task_and_model(data, "cocon_lm", *args, task="cocon_generation")
     return task, model.eval()
 
@@ -60,8 +71,11 @@ def build(cocon_data, *extra):
 # -- the block (Eq. 5-7) -------------------------------------------------------------------------------------
 
 
-def hand_attention(attn, x, c, tau=None, pad=None):
-    """Eq. 6 with one head, written out per query and key from the projection weights."""
+def hand_attention(attn, x, c, tau=None, pad=None, qmask=None):
+    """Eq. 6 with one head, written out per query and key from the projection weights. ``qmask`` (T x S
+    bool, True = hidden): query i does not see content column j where qmask[i][j]; with W'
+    (--cocon-content-prev-key) the previous-column part of key j counts for query i only where query i
+    sees column j - 1."""
     T, S = x.size(0), (0 if c is None else c.size(0))
     Wq, bq = attn.q_proj.weight, attn.q_proj.bias
     text = [(attn.k_proj, attn.v_proj)] * T
@@ -69,16 +83,17 @@ def hand_attention(attn, x, c, tau=None, pad=None):
     inputs = ([] if c is None else [c[s, 0] for s in range(S)]) + [x[t, 0] for t in range(T)]
     kv = [(k.weight @ v_in + k.bias, v.weight @ v_in + v.bias) for (k, v), v_in in zip([content_proj] * S + text, inputs)]
     prev = getattr(attn, "content_prev_k_proj", None)
-    for j in range(1, S if prev is not None else 0):  # --cocon-content-prev-key: K_j += W' h_{j-1} (nothing at j = 0)
-        kv[j] = (kv[j][0] + prev.weight @ c[j - 1, 0], kv[j][1])
     out = []
     for i in range(T):
         q = Wq @ x[i, 0] + bq
         logits = []
         for j, (key, _) in enumerate(kv):
+            # --cocon-content-prev-key: K_j += W' h_{j-1} (nothing at j = 0), where query i sees column j - 1
+            if prev is not None and 0 < j < S and not (qmask is not None and qmask[i][j - 1]):
+                key = key + prev.weight @ c[j - 1, 0]
             score = float(q @ key) / math.sqrt(x.size(-1))
             if j < S:
-                if pad is not None and pad[j]:
+                if (pad is not None and pad[j]) or (qmask is not None and qmask[i][j]):
                     score = -math.inf
                 elif tau is not None:
                     score += tau[j]
@@ -110,9 +125,43 @@ def test_attention_over_content_and_causal_self_by_hand(tau, content_kv, prev_ke
     assert w[0, 0, 0, 4:].eq(0).all() and w[0, 0, 1, 5].eq(0)  # causal self part
 
 
+@pytest.mark.parametrize("prev_key", [False, True])
+def test_per_query_content_mask_by_hand_and_a_hidden_column_reaches_its_query_through_no_key(prev_key):
+    """A per-query content mask (the aligned self mask, a random one) with every weight random and non-zero,
+    W' too: the output equals the hand computation (W' h_{j-1} in key j only for queries that see column
+    j - 1), and changing a content column that a query may not see leaves that query's output exactly as it
+    was (W' on or off: with W' added to every key, column j would reach the query through key j + 1)."""
+    torch.manual_seed(4)
+    T, S, B = 6, 5, 2
+    attn = CoConAttention(4, 1, content_prev_key=prev_key).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.7)
+    assert all(p.abs().min() > 0 for p in attn.parameters())
+    x, c = torch.randn(T, B, 4).double(), torch.randn(S, B, 4).double()
+    qmask = torch.zeros(B, T, S, dtype=torch.bool)
+    for p in range(1, T):  # row 0: the aligned mask (prefix of 1: query p hides column p - 1)
+        if p - 1 < S:
+            qmask[0, p, p - 1] = True
+    qmask[1] = torch.rand(T, S, generator=torch.Generator().manual_seed(0)) < 0.4  # row 1: any per-query mask
+    qmask[1, :, 0] = False  # (every query keeps a column)
+    tau = torch.tensor([[0.5, -1.0, 2.0, 0.0, 1.0]] * B).double()
+    got, _ = attn(x, c, None, tau, content_attn_mask=qmask)
+    for b in range(B):
+        want = hand_attention(attn, x[:, b : b + 1], c[:, b : b + 1], tau[b].tolist(), None, qmask[b].tolist())
+        assert torch.allclose(got[:, b], want, atol=1e-10), b
+    with torch.no_grad():
+        for b, i, j in qmask.nonzero().tolist():
+            changed = c.clone()
+            changed[j, b] = torch.randn(4).double() * 3
+            out, _ = attn(x, changed, None, tau, content_attn_mask=qmask)
+            assert torch.equal(out[i, b], got[i, b]), (b, i, j)
+            seen = (~qmask[b, :, j]).nonzero().flatten()  # the queries that see column j do change
+            assert (out[seen, b] - got[seen, b]).abs().amax() > 1e-6, (b, i, j)
+
+
 def test_null_content_is_attention_over_self_only():
     torch.manual_seed(1)
-    block = CoConBlock(4, 1, 8, dropout=0.0, zero_init=False).double()
+    block = CoConBlock(4, 1, 8, dropout=0.0, attention_dropout=0.0, zero_init=False).double()
     h, c = torch.randn(3, 2, 4).double(), torch.randn(2, 2, 4).double()
     null, _ = block(h)
     all_padded, _ = block(h, c, torch.ones(2, 2, dtype=torch.bool))
@@ -125,7 +174,7 @@ def test_null_content_is_attention_over_self_only():
 
 def test_tau_zero_is_no_bias_and_tau_raises_content_attention():
     torch.manual_seed(2)
-    block = CoConBlock(8, 2, 16, dropout=0.0, zero_init=False)
+    block = CoConBlock(8, 2, 16, dropout=0.0, attention_dropout=0.0, zero_init=False)
     h, c = torch.randn(5, 3, 8), torch.randn(4, 3, 8)
     plain, w0 = block(h, c, need_weights=True)
     zero, _ = block(h, c, content_bias=torch.zeros(3, 4))
@@ -155,9 +204,26 @@ def test_zero_init_block_leaves_the_lm_unchanged(cocon_data):
 # -- the self-reconstruction mask -------------------------------------------------------------------------------
 
 
-def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_data):
-    task, model = build(cocon_data)
+def randomize_block(block, std=0.5):
+    """Every weight of the block random and non-zero (LayerNorms, biases and W' included): the mask's guarantee
+    must not rest on a weight that starts at zero."""
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn_like(p) * std)
+    assert all(p.abs().min() > 0 for p in block.parameters())
+
+
+@pytest.mark.parametrize("prev_key", ["0", "1"])
+def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_data, prev_key):
+    """The aligned self mask (the default), with W' off (the default) and on, every weight of the block random:
+    changing content state j changes nothing at the step predicting x^b_j, for every j, and changes the
+    other steps."""
+    task, model = build(cocon_data, "--cocon-content-prev-key", prev_key)
+    assert hasattr(model.decoder.block.attn, "content_prev_k_proj") == (prev_key == "1")
+    torch.manual_seed(5)
+    randomize_block(model.decoder.block)
     crit = CoConCriterion(task)
+    assert crit.self_mask == "aligned"
     batch = first_batch(task)
     target = batch["target"]
     n_words = target.ne(1).sum(1) - 1
@@ -174,17 +240,25 @@ def test_step_predicting_content_token_j_does_not_see_content_position_j(cocon_d
     assert not qmask[b, : t[b]].any()
     # behaviour: changing content state j changes no output at the step predicting x^b_j
     h, _ = dec.lower(batch["net_input"]["prev_output_tokens"])
+    real = int(n_words[b]) + 1
     with torch.no_grad():
         out1, _ = dec.block(h, states, cpad, None, content_attn_mask=qmask)
-        changed = states.clone()
-        changed[1, b] = torch.randn_like(changed[1, b]) * 3  # (a constant shift would vanish in the LayerNorm)
-        out2, _ = dec.block(h, changed, cpad, None, content_attn_mask=qmask)
-    diff = (out1[:, b] - out2[:, b]).abs().amax(-1)
-    assert diff[t[b] + 1] == 0 and diff[t[b]] > 1e-4 and diff[t[b] + 2] > 1e-4
+        for j in range(L):
+            changed = states.clone()
+            changed[j, b] = torch.randn_like(changed[j, b]) * 3  # (a constant shift would vanish in the LayerNorm)
+            out2, _ = dec.block(h, changed, cpad, None, content_attn_mask=qmask)
+            diff = (out1[:real, b] - out2[:real, b]).abs().amax(-1)
+            p = int(t[b]) + j
+            assert diff[p] == 0, (j, diff)
+            others = [i for i in range(real) if i != p]
+            assert (diff[others] > 1e-6).all(), (j, diff)
 
 
-def test_random_self_mask_hides_the_same_columns_from_every_step(cocon_data):
-    task, model = build(cocon_data)
+@pytest.mark.parametrize("prev_key", ["0", "1"])
+def test_random_self_mask_hides_the_same_columns_from_every_step(cocon_data, prev_key):
+    task, model = build(cocon_data, "--cocon-content-prev-key", prev_key)
+    torch.manual_seed(6)
+    randomize_block(model.decoder.block)  # W' too, when on
     crit = CoConCriterion(task, cocon_self_mask="random", cocon_self_mask_prob=0.5)
     batch = first_batch(task)
     target = batch["target"]
@@ -398,29 +472,39 @@ def test_content_keys_are_computed_once_per_sentence(cocon_data):
 # -- the losses --------------------------------------------------------------------------------------------------
 
 
-def test_discriminator_and_generator_gradients_are_separated():
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+@pytest.mark.parametrize("adv_loss", ["minimax", "non-saturating"])
+def test_discriminator_and_generator_gradients_are_separated(kind, adv_loss):
+    """Both discriminators (the authors' CNN, the default; the MLP) and both generator losses (the authors'
+    minimax L_adv = log(1 - sigmoid(D(fake))), the default; non-saturating -log sigmoid(D(fake)))."""
     torch.manual_seed(3)
-    disc = HiddenStateDiscriminator(8, 16)
+    disc = build_discriminator(kind, 8, 16).eval()  # (the CNN's dropout off: the losses are recomputed below)
     real = torch.randn(3, 5, 8, requires_grad=True)
     fake = torch.randn(3, 5, 8, requires_grad=True)
     pad = torch.zeros(3, 5, dtype=torch.bool)
     pad[0, 3:] = True
-    l_disc, l_adv = discriminator_losses(disc, real, fake, None, pad)
+    l_disc, l_adv = discriminator_losses(disc, real, fake, None, pad, adv_loss=adv_loss)
     g = torch.autograd.grad(l_disc, [real, fake, *disc.parameters()], allow_unused=True)
     assert g[0] is None and g[1] is None and all(x is not None and x.abs().sum() > 0 for x in g[2:])
     g = torch.autograd.grad(l_adv, [real, fake, *disc.parameters()], allow_unused=True)
     assert g[0] is None and g[1].abs().sum() > 0 and all(x is None for x in g[2:])
     assert g[1][0, 3:].eq(0).all()  # padded positions are not pooled
-    # L_adv = -log sigmoid(D(fake)), L_disc = -log sigmoid(D(real)) - log(1 - sigmoid(D(fake))), by hand
+    # L_adv and L_disc = -log sigmoid(D(real)) - log(1 - sigmoid(D(fake))), by hand
     zf, zr = disc(fake, pad), disc(real)
     sig = torch.sigmoid
-    assert torch.allclose(l_adv, -torch.log(sig(zf)).sum())
+    gen = torch.log(1 - sig(zf)) if adv_loss == "minimax" else -torch.log(sig(zf))
+    assert torch.allclose(l_adv, gen.sum())
     assert torch.allclose(l_disc, -(torch.log(sig(zr)) + torch.log(1 - sig(zf))).sum())
     # rows: only the kept sequences count
     rows = torch.tensor([True, False, True])
-    l_disc_r, l_adv_r = discriminator_losses(disc, real, fake, None, pad, rows)
-    assert torch.allclose(l_adv_r, -torch.log(sig(zf))[rows].sum())
+    l_disc_r, l_adv_r = discriminator_losses(disc, real, fake, None, pad, rows, adv_loss)
+    assert torch.allclose(l_adv_r, gen[rows].sum())
     assert torch.allclose(l_disc_r, -(torch.log(sig(zr)) + torch.log(1 - sig(zf)))[rows].sum())
+    # the default generator loss is the authors' minimax one
+    default = discriminator_losses(disc, real, fake, None, pad)[1]
+    assert torch.equal(default, discriminator_losses(disc, real, fake, None, pad, adv_loss="minimax")[1])
+    with pytest.raises(ValueError, match="adversarial loss"):
+        discriminator_losses(disc, real, fake, None, pad, adv_loss="wasserstein")
 
 
 def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
@@ -455,25 +539,29 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
 
 
 def test_soft_generation_equals_a_full_recomputation(cocon_data):
-    """The incremental soft generation of the cycle equals running the whole soft sequence at once."""
+    """The incremental soft generation of the cycle equals running the whole soft sequence at once, the upper
+    layers reading the LM's own states before the prefix's last token (Eq. 7) and the block's from there on."""
     task, model = build(cocon_data)
     crit = CoConCriterion(task, cocon_cycle_steps=4)
     dec = model.decoder
     prefix = torch.tensor([[2, 4, 5], [2, 6, 7]])
     content = torch.tensor([[8, 9, 10], [11, 12, 1]])
     cs, cp = dec.encode_content_tensor(content)
+    P = prefix.size(1)
     with torch.no_grad():
         ys, states = crit.generate_soft(dec, prefix, cs, cp)
         emb = dec.lm.embed_tokens
         soft = torch.cat([emb(prefix), ys[:, :-1] @ emb.weight], dim=1)
         toks = torch.cat([prefix, torch.full((2, 3), 3)], dim=1)
         h, _ = dec.lower(toks, token_embeddings=soft)
-        h, _ = dec.block(h, cs, cp)
-        logits = dec.lm_logits(dec.upper(h))
-    want = torch.softmax(logits[:, prefix.size(1) - 1 :], -1)
+        h_block, _ = dec.block(h, cs, cp)
+        logits = dec.lm_logits(dec.upper(torch.cat([h[: P - 1], h_block[P - 1 :]])))
+        block_everywhere = dec.lm_logits(dec.upper(h_block))
+    want = torch.softmax(logits[:, P - 1 :], -1)
     assert torch.allclose(ys, want, atol=1e-5)
+    assert not torch.allclose(ys, torch.softmax(block_everywhere[:, P - 1 :], -1), atol=1e-4)  # it matters
     # the adversarial loss's fake side: the block's states at the positions that generated q^1
-    assert torch.allclose(states, h[prefix.size(1) - 1 :].transpose(0, 1), atol=1e-5)
+    assert torch.allclose(states, h_block[P - 1 :].transpose(0, 1), atol=1e-5)
 
 
 def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_data, monkeypatch):
@@ -507,6 +595,7 @@ def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_d
             c1, _ = dec.encode_contents(None, q.device, soft=q1 @ emb)
             hb, pb = dec.lower(prev[b : b + 1, : int(n_words[b]) + 1])  # row b unpadded: p then q
             h2, _ = dec.block(hb, c1.transpose(0, 1))
+            h2 = torch.cat([hb[:tc], h2[tc:]])  # Eq. 7: the LM's own states before p's last token
             lp = torch.log_softmax(dec.lm_logits(dec.upper(h2, None, pb)).double(), -1)[0]
             for i in range(tc, int(n_words[b]) + 1):  # the positions predicting q (and </s>)
                 want -= float(lp[i, target[b, i]])
@@ -682,7 +771,8 @@ def test_search_forces_each_prompt_and_keeps_every_input(cocon_data, gen):
 
 @pytest.fixture(scope="session")
 def cocon_ckpt(cocon_data, tmp_path_factory):
-    """cocon_lm_small after 3 updates of fairseq-train with every loss on from the start."""
+    """cocon_lm_small after 3 updates of fairseq-train with every loss on from the start (the fixture's sentence
+    lines as samples; otherwise the defaults: no W', the CNN discriminator, the minimax loss)."""
     data, lm = cocon_data
     ckpt = tmp_path_factory.mktemp("coconckpt")
     run_cli(
@@ -697,6 +787,7 @@ def cocon_ckpt(cocon_data, tmp_path_factory):
         "cocon_lm_small",
         "--cocon-lm-path",
         lm,
+        *LINES,
         "--criterion",
         "cocon",
         "--cocon-cycle-start",
@@ -727,7 +818,10 @@ def test_frozen_lm_unchanged_and_without_optimizer_state(cocon_data, cocon_ckpt)
     lm_state = torch.load(lm, weights_only=False)["model"]
     for k, v in lm_state.items():
         assert torch.equal(state["model"]["decoder.lm." + k.split("decoder.", 1)[1]], v), k
-    n_trainable = sum(v.numel() for k, v in state["model"].items() if not k.startswith("decoder.lm."))
+    # (the block's and the discriminator's weights; not the int buffer decoder.cocon_version)
+    n_trainable = sum(
+        v.numel() for k, v in state["model"].items() if not k.startswith("decoder.lm.") and v.dtype.is_floating_point
+    )
     exp_avg = sum(s["exp_avg"].numel() for s in state["last_optimizer_state"]["state"].values())
     assert exp_avg == n_trainable
 
@@ -782,14 +876,32 @@ def test_checkpoint_from_before_the_content_kv_flag_loads_as_shared(cocon_data, 
     assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
 
 
-def test_checkpoint_from_before_the_prev_key_flag_loads_without_it(cocon_data, cocon_ckpt, tmp_path):
-    """A checkpoint saved before --cocon-content-prev-key existed (no such attribute, no W') loads strictly
-    with one-column keys and the flag recorded as 0; today's checkpoints carry W' (the default)."""
+def test_checkpoints_with_and_without_w_prime_load_as_they_were_trained(cocon_data, cocon_ckpt, tmp_path):
+    """Today's checkpoints have no W' (--cocon-content-prev-key 0, the default). One saved with W' (the earlier
+    default: the flag 1 and content_prev_k_proj in the weights) loads with it, strictly, and decodes with it; one
+    saved before the flag existed (no such attribute, no W') loads with one-column keys and the flag recorded 0."""
     from fairseq import checkpoint_utils
 
     state = torch.load(cocon_ckpt, weights_only=False)
-    assert state["cfg"]["model"].cocon_content_prev_key == 1
-    assert any(".content_prev_k_proj." in k for k in state["model"])
+    assert state["cfg"]["model"].cocon_content_prev_key == 0
+    assert not any(".content_prev_k_proj." in k for k in state["model"])
+    src, prev = torch.tensor([[4, 5, 6]]), torch.tensor([[2, 7, 8, 9]])
+    base = checkpoint_utils.load_model_ensemble([str(cocon_ckpt)])[0][0].eval()
+    # saved with W'
+    dim = state["model"]["decoder.block.attn.q_proj.weight"].size(0)
+    with_prev = dict(state)
+    with_prev["model"] = dict(state["model"])
+    with_prev["model"]["decoder.block.attn.content_prev_k_proj.weight"] = torch.randn(dim, dim)
+    with_prev["cfg"]["model"] = argparse.Namespace(**dict(vars(state["cfg"]["model"]), cocon_content_prev_key=1))
+    path = tmp_path / "with_prev.pt"
+    torch.save(with_prev, path)
+    model = checkpoint_utils.load_model_ensemble([str(path)])[0][0].eval()
+    assert model.args.cocon_content_prev_key == 1 and hasattr(model.decoder.block.attn, "content_prev_k_proj")
+    assert set(model.state_dict()) == set(with_prev["model"])
+    assert all(torch.equal(v, with_prev["model"][k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert not torch.allclose(model(src, None, prev)[0], base(src, None, prev)[0], atol=1e-4)  # W' is used
+    # saved before the flag existed
     old = dict(state)
     old["model"] = {k: v for k, v in state["model"].items() if ".content_prev_k_proj." not in k}
     old["cfg"]["model"] = argparse.Namespace(
@@ -801,6 +913,108 @@ def test_checkpoint_from_before_the_prev_key_flag_loads_without_it(cocon_data, c
     assert not hasattr(model.decoder.block.attn, "content_prev_k_proj")
     assert model.args.cocon_content_prev_key == 0
     assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(model(src, None, prev)[0], base(src, None, prev)[0])
+
+
+def test_checkpoint_from_before_the_prefix_states_flag_keeps_the_block_states(cocon_data, cocon_ckpt, tmp_path):
+    """Today's checkpoints (decoder.cocon_version) decode with the LM's own states before the prompt's last token
+    (Eq. 7, --cocon-prefix-states lm); one saved before the flag existed (no cocon_version, no attribute) loads
+    strictly with the block's states everywhere, as it was trained (the prompt lengths change nothing)."""
+    from fairseq import checkpoint_utils
+
+    state = torch.load(cocon_ckpt, weights_only=False)
+    assert "decoder.cocon_version" in state["model"] and state["cfg"]["model"].cocon_prefix_states == "lm"
+    old = dict(state)
+    old["model"] = {k: v for k, v in state["model"].items() if k != "decoder.cocon_version"}
+    old["cfg"]["model"] = argparse.Namespace(
+        **{k: v for k, v in vars(state["cfg"]["model"]).items() if k != "cocon_prefix_states"}
+    )
+    path = tmp_path / "old.pt"
+    torch.save(old, path)
+    before = checkpoint_utils.load_model_ensemble([str(path)])[0][0].eval()
+    today = checkpoint_utils.load_model_ensemble([str(cocon_ckpt)])[0][0].eval()
+    assert before.decoder.prefix_states == before.args.cocon_prefix_states == "block"
+    assert today.decoder.prefix_states == "lm"
+    assert all(torch.equal(v, state["model"][k]) for k, v in before.state_dict().items())
+    src, prev, prompt = torch.tensor([[4, 5, 6]]), torch.tensor([[2, 7, 8, 9, 10]]), torch.tensor([3])
+    with torch.no_grad():
+        old_out = before(src, None, prev, prompt_lengths=prompt)[0]
+        assert torch.equal(old_out, before(src, None, prev)[0])
+        new_out = today(src, None, prev, prompt_lengths=prompt)[0]
+        lm = today.decoder.lm(prev)[0]
+    assert not torch.allclose(new_out, old_out, atol=1e-4)
+    # before the prompt's last token the upper layers read the LM's own states: the LM's own predictions there
+    assert torch.allclose(new_out[:, :3, : lm.size(-1)], lm[:, :3], atol=1e-5)
+
+
+def test_checkpoint_with_the_mlp_discriminator_loads_and_keeps_it(cocon_data, cocon_ckpt, tmp_path):
+    """A checkpoint saved before --cocon-disc existed holds the MLP discriminator (fc1, fc2, out; mean-pooled):
+    it loads with that discriminator and its weights and records --cocon-disc mlp; fairseq-train resumes from it
+    with the default flags (the optimizer reset: its state was made here for the CNN) and the discriminator
+    stays the MLP, learns, and is saved as such."""
+    from fairseq import checkpoint_utils
+
+    data, lm = cocon_data
+    state = torch.load(cocon_ckpt, weights_only=False)
+    assert state["cfg"]["model"].cocon_disc == "cnn" and "discriminator.convs.0.weight" in state["model"]
+    torch.manual_seed(8)
+    mlp = HiddenStateDiscriminator(state["model"]["decoder.block.attn.q_proj.weight"].size(0), 64)
+    old = dict(state)
+    old["model"] = {k: v for k, v in state["model"].items() if not k.startswith("discriminator.")}
+    old["model"].update({"discriminator." + k: v.clone() for k, v in mlp.state_dict().items()})
+    old["cfg"]["model"] = argparse.Namespace(
+        **{k: v for k, v in vars(state["cfg"]["model"]).items() if k != "cocon_disc"}
+    )
+    folder = tmp_path / "old"
+    folder.mkdir()
+    torch.save(old, folder / "checkpoint_last.pt")
+    model = checkpoint_utils.load_model_ensemble([str(folder / "checkpoint_last.pt")])[0][0]
+    assert isinstance(model.discriminator, HiddenStateDiscriminator) and model.args.cocon_disc == "mlp"
+    assert set(model.state_dict()) == set(old["model"])
+    assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
+    args = ["--cocon-lm-path", lm, "--cocon-cycle-start", "0", "--cocon-adv-start", "0", "--cocon-cycle-steps", "2"]
+    proc = train_cli(
+        data, "--arch", "cocon_lm_small", *args, "--cocon-disc-update-freq", "1", "--max-update", "2",
+        "--save-dir", folder, "--reset-optimizer", save=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = torch.load(folder / "checkpoint_last.pt", weights_only=False)
+    disc_keys = {k for k in after["model"] if k.startswith("discriminator.")}
+    assert disc_keys == {"discriminator." + k for k in mlp.state_dict()}
+    assert after["cfg"]["model"].cocon_disc == "mlp"
+    assert not torch.equal(after["model"]["discriminator.fc1.weight"], old["model"]["discriminator.fc1.weight"])
+
+
+@pytest.mark.parametrize("mode", ["cocon", "lm"])
+@pytest.mark.parametrize("gen", [dict(beam=3), dict(beam=1, sampling=True, sampling_topp=0.9, sampling_topk=-1)])
+def test_fixed_length_decoding_gives_every_prompt_exactly_n_tokens(cocon_data, mode, gen):
+    """--cocon-fixed-len N (the authors' decoding: a fixed length, no EOS): every hypothesis is its prompt and
+    exactly N generated tokens, no </s> before its end, with prompts of different lengths (and none) in one batch,
+    whatever --max-len-b says; also with --cocon-mode lm (the plain and the prompted LM)."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from fairseq_knowgen.tasks.cocon_generation import CoConSourceDataset
+
+    n = 4
+    task, model = build(cocon_data, "--cocon-fixed-len", str(n), "--cocon-mode", mode)
+    assert model.decoder.bypass == (mode == "lm")
+    d = task.target_dictionary
+    lines = ["dog ball <prompt> the cat sat", "river <sep> boat", "swim <sep> park <prompt> a", "run <prompt> in the"]
+    ds = CoConSourceDataset(task.encode_sources(lines), d)
+    batch = ds.collater([ds[i] for i in range(len(ds))])
+    generator = task.build_generator([model], GenerationConfig(max_len_a=0, max_len_b=2, **gen))
+    hyps = task.inference_step(generator, [model], batch)
+    assert len(hyps) == len(lines)
+    for line, hs in zip(lines, hyps):
+        prompt = [d.index(w) for w in line.split("<prompt>")[1].split()] if "<prompt>" in line else []
+        assert hs
+        for h in hs:
+            toks = h["tokens"].tolist()
+            assert len(toks) == len(prompt) + n + 1 and toks[-1] == d.eos(), (line, toks)
+            assert toks[: len(prompt)] == prompt and d.eos() not in toks[:-1]
+            assert len(h["positional_scores"]) == len(toks)  # one per token, as fairseq-generate prints them
+    assert (generator.min_len, generator.max_len_a, generator.max_len_b) == (1, 0, 2)  # restored
 
 
 def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
@@ -818,6 +1032,16 @@ def test_fairseq_generate_and_interactive(cocon_data, cocon_ckpt, tmp_path):
     out = run_cli("fairseq-interactive", gen, *common, "--beam", "2", "--input", gen / "test.src").stdout
     hyps = [x.split("\t")[2] for x in out.splitlines() if x.startswith("H-")]
     assert len(hyps) == 9 and all(h.split()[:2] == ["the", "river"] for h in hyps[1::3])
+    # the authors' decoding: sampling with top-p 0.9 for a fixed 3 tokens after the prompt
+    sampling = ["--sampling", "--sampling-topp", "0.9", "--sampling-topk", "-1", "--beam", "1", "--seed", "1"]
+    out = run_cli("fairseq-generate", gen, *common, "--gen-subset", "test", "--cocon-fixed-len", "3", *sampling).stdout
+    hyps = {int(x.split("\t")[0][2:]): x.split("\t")[2].split() for x in out.splitlines() if x.startswith("H-")}
+    scores = {int(x.split("\t")[0][2:]): x.split("\t")[1].split() for x in out.splitlines() if x.startswith("P-")}
+    assert sorted(hyps) == list(range(9))
+    for i, line in enumerate(lines):
+        prompt = line.split("<prompt>")[1].split() if "<prompt>" in line else []
+        assert len(hyps[i]) == len(prompt) + 3 and hyps[i][: len(prompt)] == prompt, (line, hyps[i])
+        assert len(scores[i]) == len(hyps[i]) + 1  # and the final </s>
 
 
 # -- bad input ---------------------------------------------------------------------------------------------------
@@ -842,6 +1066,7 @@ def train_cli(data, *extra, save=False):
         "1",
         "--max-tokens",
         "500",
+        *LINES,
         *([] if save else ["--no-save"]),
         *extra,
         check=False,

@@ -1,0 +1,566 @@
+"""Bad input through the public entry points, one row per case (issue 40's probe, kept as a table).
+
+Every case writes its inputs and an earlier output into a fresh folder, runs one command and asserts:
+
+- exit status 2 (or the row's ``code``);
+- the last line of stderr is ``error: ...`` and names the place at fault (``path:line`` where a
+  line is at fault, else ``path``);
+- no traceback anywhere in the output;
+- the earlier outputs (``keep``) byte-identical, and no ``.tmp-*`` file or folder left anywhere.
+
+A row's ``argv`` starts with the entry point: a module run as ``python -m`` (``prep.webnlg``,
+``checkpoint_average``...; run in this process through its ``main`` and
+:func:`fairseq_knowgen.textio.cli_entry`, as its ``__main__`` does, since a subprocess costs seconds
+of imports), ``scripts/NAME.py``, or a ``fairseq-*`` command (run as a subprocess). ``{t}`` in
+``argv`` and ``where`` is the case's folder. To add an entry point, add rows to ``CASES`` (and, for
+a module, nothing else: its ``main(argv)`` is found by name).
+"""
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Union
+
+import pytest
+import torch
+from conftest import run_cli
+
+from fairseq_knowgen.textio import cli_entry
+
+Files = Dict[str, Union[str, bytes]]
+
+
+@dataclass
+class Case:
+    id: str
+    argv: List[str]
+    where: str  # must occur in the last stderr line, after "error: "
+    files: Files = field(default_factory=dict)  # inputs and earlier outputs, relative to {t}
+    keep: List[str] = field(default_factory=list)  # earlier outputs that must stay byte-identical
+    setup: Optional[Callable] = None  # more set-up: setup(folder)
+    code: int = 2
+
+
+def xml(*entries, category="Airport"):
+    """A WebNLG file; an entry: (triples as 'a | b | c' strings, texts)."""
+    out = ["<benchmark>", "<entries>"]
+    for i, (triples, texts) in enumerate(entries):
+        out.append(f'<entry category="{category}" eid="Id{i}" size="{len(triples)}">')
+        out += ["<modifiedtripleset>"] + [f"<mtriple>{t}</mtriple>" for t in triples] + ["</modifiedtripleset>"]
+        out += [f'<lex lid="Id{j}"><text>{t}</text></lex>' for j, t in enumerate(texts)]
+        out.append("</entry>")
+    return "\n".join(out + ["</entries>", "</benchmark>"]) + "\n"
+
+
+GOOD = xml((["Aarhus | city served | Aarhus_Airport"], ["Aarhus Airport serves Aarhus ."]))
+WEBNLG = {"wn/train/1triples/Airport.xml": GOOD, "wn/dev/1triples/Airport.xml": GOOD}
+PREVIOUS = {"out/train.src": "old source\n", "out/train.tgt": "old target\n", "out/eval_splits": "valid\n"}
+KEEP_OUT = ["out"]
+WEBNLG_ARGV = ["prep.webnlg", "--data", "{t}/wn", "--out", "{t}/out", "--heldout-categories", ""]
+
+PAIRS = {"raw/train.src": "a b c\nd e f\n", "raw/train.tgt": "a b\nd e\n"}
+PAIRS.update({"raw/valid.src": "a x\n", "raw/valid.tgt": "a\n"})
+ENCODE = ["prep.placeholders", "encode", "--train-prefix", "{t}/raw/train", "--out-dir", "{t}/enc", "--splits"]
+DICT = "a 5\nb 3\n<unk-0> 0\n<unk-1> 0\n"
+OLD_ENC = {"enc/dict.txt": DICT, "enc/train.src": "old\n", "enc/train.tgt": "old\n"}
+GEN = "S-0\tx\nH-0\t-0.1\t<unk-0> b\nH-1\t-0.2\tb\n"
+LINEAR = "<S> Alan Bean <P> birth place <O> Wheeler , Texas\n"
+
+REFS = {"hyp.txt": "a cat sits .\na dog runs .\na bird sings .\n", "ref0.txt": "a cat sits .\na dog runs .\nbird .\n"}
+OLD_SCORES = {"scores.json": '{"old": 1}\n'}
+EVAL = ["scripts/evaluate.py", "--hyp", "{t}/hyp.txt", "--no-cider", "--json-out", "{t}/scores.json", "--refs"]
+
+
+def checkpoints(*bad: bytes):
+    """A good checkpoint1.pt and a checkpoint_last.pt with the given bytes (or a good one)."""
+
+    def setup(t):
+        os.makedirs(f"{t}/ck", exist_ok=True)
+        good = {"model": {"w": torch.ones(2)}, "optimizer_history": [{"num_updates": 10}]}
+        torch.save(good, f"{t}/ck/checkpoint1.pt")
+        torch.save({**good, "optimizer_history": [{"num_updates": 20}]}, f"{t}/ck/checkpoint_last.pt")
+        if bad:
+            with open(f"{t}/ck/checkpoint_last.pt", "wb") as f:
+                f.write(bad[0])
+
+    return setup
+
+
+def evil(t):
+    """A checkpoint whose pickle names os.system (weights-only loading refuses it)."""
+    checkpoints()(t)
+    torch.save({"model": {"w": torch.ones(2)}, "x": os.system}, f"{t}/ck/checkpoint_last.pt")
+
+
+def truncated(t):
+    checkpoints()(t)
+    data = open(f"{t}/ck/checkpoint_last.pt", "rb").read()
+    open(f"{t}/ck/checkpoint_last.pt", "wb").write(data[: len(data) // 2])
+
+
+DICTS = {"data/dict.src.txt": "a 1\nb 1\n", "data/dict.tgt.txt": "a 1\nb 1\n"}
+AVERAGE = ["checkpoint_average", "--dir", "{t}/ck", "--last", "2", "--out", "{t}/avg.pt"]
+OLD_AVG = {"avg.pt": b"earlier average"}
+
+CASES = [
+    # prep.webnlg: XML and triples
+    Case(
+        "webnlg-bad-xml-train",
+        WEBNLG_ARGV,
+        "{t}/wn/train/1triples/Airport.xml:4: XML parse error",
+        {**WEBNLG, **PREVIOUS, "wn/train/1triples/Airport.xml": "<benchmark>\n<entries>\n<entry>\n</entries>\n"},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-bad-xml-in-test-leaves-no-mixed-folder",
+        WEBNLG_ARGV,
+        "{t}/wn/test/Airport.xml:2: XML parse error: mismatched tag",
+        {**WEBNLG, **PREVIOUS, "wn/test/Airport.xml": "<benchmark>\n<entries></entry>\n"},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-folder-named-xml",
+        WEBNLG_ARGV,
+        "{t}/wn/dev/1triples/Zoo.xml: a folder, not an XML file",
+        {**WEBNLG, **PREVIOUS, "wn/dev/1triples/Zoo.xml/x": "x"},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-two-part-triple",
+        WEBNLG_ARGV,
+        "{t}/wn/dev/1triples/Airport.xml:5: malformed triple",
+        {**WEBNLG, **PREVIOUS, "wn/dev/1triples/Airport.xml": xml((["Aarhus | city served"], ["x"]))},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-empty-subject",
+        WEBNLG_ARGV,
+        "{t}/wn/train/1triples/Airport.xml:5: empty subject",
+        {**WEBNLG, **PREVIOUS, "wn/train/1triples/Airport.xml": xml(([" _ | city served | Aarhus"], ["x"]))},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-entry-without-triples",
+        WEBNLG_ARGV,
+        "{t}/wn/dev/1triples/Airport.xml:3: entry Id0 has no <mtriple>",
+        {**WEBNLG, **PREVIOUS, "wn/dev/1triples/Airport.xml": xml(([], ["x"]))},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-bad-utf8",
+        WEBNLG_ARGV,
+        "{t}/wn/train/1triples/Airport.xml:5: XML parse error",
+        {**WEBNLG, **PREVIOUS, "wn/train/1triples/Airport.xml": GOOD.encode().replace(b"Aarhus |", b"Aar\xffhus |")},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-no-dev-files",
+        WEBNLG_ARGV,
+        "{t}/wn/dev: no */*triples/*.xml or *.xml files found",
+        {"wn/train/1triples/Airport.xml": GOOD, "wn/dev/readme.txt": "x", **PREVIOUS},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-unknown-heldout-category",
+        WEBNLG_ARGV[:-1] + ["Astronaut"],
+        "{t}/wn/train: --heldout-categories ['Astronaut'] not among the train categories",
+        {**WEBNLG, **PREVIOUS},
+        KEEP_OUT,
+    ),
+    Case(
+        "webnlg-file-in-place-of-out",
+        WEBNLG_ARGV,
+        "{t}/out: a file is in the way of the output folder",
+        {**WEBNLG, "out": "a file\n"},
+        ["out"],
+    ),
+    Case(
+        "webnlg-file-in-place-of-out-parent",
+        ["prep.webnlg", "--data", "{t}/wn", "--out", "{t}/block/out"],
+        "{t}/block: cannot create the output folder",
+        {**WEBNLG, "block": "a file\n"},
+        ["block"],
+    ),
+    Case(
+        "webnlg-out-where-nothing-can-be-written",
+        ["prep.webnlg", "--data", "{t}/wn", "--out", "/proc/self/knowgen-out"],
+        "/proc/self/knowgen-out: cannot write beside the output folder",
+        WEBNLG,
+    ),
+    # prep.placeholders encode / encode-source / restore
+    Case(
+        "encode-train-line-mismatch",
+        ENCODE + ["{t}/raw/train"],
+        "{t}/raw/train.tgt:2: line-count mismatch",
+        {**PAIRS, "raw/train.tgt": "a b\n", **OLD_ENC},
+        ["enc"],
+    ),
+    Case(
+        "encode-split-bad-utf8",
+        ENCODE + ["{t}/raw/train", "{t}/raw/valid"],
+        "{t}/raw/valid.src:2: not valid UTF-8",
+        {**PAIRS, "raw/valid.src": b"a x\n\xff\n", "raw/valid.tgt": "a\nb\n", **OLD_ENC},
+        ["enc"],
+    ),
+    Case(
+        "encode-missing-split",
+        ENCODE + ["{t}/raw/train", "{t}/raw/test"],
+        "{t}/raw/test.src: input file not found",
+        {**PAIRS, **OLD_ENC},
+        ["enc"],
+    ),
+    Case(
+        "encode-file-in-place-of-out-dir",
+        ENCODE + ["{t}/raw/train"],
+        "{t}/enc: a file is in the way of the output folder",
+        {**PAIRS, "enc": "a file\n"},
+        ["enc"],
+    ),
+    Case(
+        "encode-source-dict-without-placeholders",
+        ["prep.placeholders", "encode-source", "--dict", "{t}/dict.txt", "--input", "{t}/in.txt", "--out", "{t}/o"],
+        "{t}/dict.txt: no <unk-N> placeholders",
+        {"dict.txt": "a 5\nb 3\n", "in.txt": "a b\n", "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "encode-source-dict-line-without-count",
+        ["prep.placeholders", "encode-source", "--dict", "{t}/dict.txt", "--input", "{t}/in.txt", "--out", "{t}/o"],
+        "{t}/dict.txt:2: expected 'WORD COUNT'",
+        {"dict.txt": "a 5\nb\n<unk-0> 0\n", "in.txt": "a b\n", "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "encode-source-input-bad-utf8",
+        ["prep.placeholders", "encode-source", "--dict", "{t}/dict.txt", "--input", "{t}/in.txt", "--out", "{t}/o"],
+        "{t}/in.txt:3: not valid UTF-8",
+        {"dict.txt": DICT, "in.txt": b"a b\nb a\n\xc3\n", "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "restore-id-beyond-source",
+        ["prep.placeholders", "restore", "--gen", "{t}/gen", "--src", "{t}/src", "--out", "{t}/o"],
+        "{t}/gen:3: hypothesis id 1 but",
+        {"gen": GEN, "src": "x y\n", "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "restore-id-not-a-number",
+        ["prep.placeholders", "restore", "--gen", "{t}/gen", "--src", "{t}/src", "--out", "{t}/o"],
+        "{t}/gen:2: expected a hypothesis id",
+        {"gen": "S-0\tx\nH-a\t-0.1\tb\n", "src": "x y\n", "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "restore-entmap-of-another-source",
+        ["prep.placeholders", "restore", "--gen", "{t}/gen", "--src", "{t}/src", "--entmap", "{t}/m", "--out", "{t}/o"],
+        "{t}/m: 1 lines but",
+        {"gen": GEN, "src": "x y\nz\n", "m": '["A"]\n', "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "restore-entmap-bad-json",
+        ["prep.placeholders", "restore", "--gen", "{t}/gen", "--src", "{t}/src", "--entmap", "{t}/m", "--out", "{t}/o"],
+        "{t}/m:2: not a JSON line",
+        {"gen": GEN, "src": "x y\nz\n", "m": '["A"]\n["B"\n', "o": "earlier\n"},
+        ["o"],
+    ),
+    Case(
+        "restore-out-is-a-folder",
+        ["prep.placeholders", "restore", "--gen", "{t}/gen", "--src", "{t}/src", "--out", "{t}/o"],
+        "{t}/o: is a folder",
+        {"gen": GEN, "src": "x y\nz\n", "o/keep": "earlier\n"},
+        ["o"],
+    ),
+    # prep.entities delexicalize: the source and its map are written together or not at all
+    Case(
+        "delexicalize-line-without-markers",
+        ["prep.entities", "delexicalize", "--input", "{t}/in", "--out", "{t}/o.src", "--entmap", "{t}/o.entmap"],
+        "{t}/in:2: token 1 is 'Alan' where <S> was expected",
+        {"in": LINEAR + "Alan Bean\n", "o.src": "earlier\n", "o.entmap": "[]\n"},
+        ["o.src", "o.entmap"],
+    ),
+    Case(
+        "delexicalize-empty-subject",
+        ["prep.entities", "delexicalize", "--input", "{t}/in", "--out", "{t}/o.src", "--entmap", "{t}/o.entmap"],
+        "{t}/in:1: empty subject after <S>",
+        {"in": "<S> <P> birth place <O> Texas\n", "o.src": "earlier\n", "o.entmap": "[]\n"},
+        ["o.src", "o.entmap"],
+    ),
+    Case(
+        "delexicalize-unfinished-triple",
+        ["prep.entities", "delexicalize", "--input", "{t}/in", "--out", "{t}/o.src", "--entmap", "{t}/o.entmap"],
+        "{t}/in:3: the last triple ends before its <O> part",
+        {"in": LINEAR * 2 + "<S> Alan <P> born\n", "o.src": "earlier\n", "o.entmap": "[]\n"},
+        ["o.src", "o.entmap"],
+    ),
+    Case(
+        "delexicalize-empty-line",
+        ["prep.entities", "delexicalize", "--input", "{t}/in", "--out", "{t}/o.src", "--entmap", "{t}/o.entmap"],
+        "{t}/in:2: empty source line",
+        {"in": LINEAR + "\n", "o.src": "earlier\n", "o.entmap": "[]\n"},
+        ["o.src", "o.entmap"],
+    ),
+    # prep.constraints
+    Case(
+        "constraints-entities-line-without-entity",
+        ["prep.constraints", "entities", "--src", "{t}/src", "--out", "{t}/cons"],
+        "{t}/src:2: no <S>/<O> entity in this line",
+        {"src": LINEAR + "just words\n", "cons": "earlier\n"},
+        ["cons"],
+    ),
+    Case(
+        "constraints-prototype-without-sep",
+        ["prep.constraints", "concepts", "--form", "prototype", "--src", "{t}/src", "--out", "{t}/cons"],
+        "{t}/src:1: no <sep> in this line",
+        {"src": "dog run\n", "cons": "earlier\n"},
+        ["cons"],
+    ),
+    Case(
+        "constraints-prototypes-misaligned",
+        ["prep.constraints", "concepts", "--form", "prototype", "--src", "{t}/src", "--prototypes", "{t}/p", "--out",
+         "{t}/cons"],
+        "{t}/p:2: line-count mismatch",
+        {"src": "dog run\ncat sit\n", "p": "dog run <sep> a dog runs\n", "cons": "earlier\n"},
+        ["cons"],
+    ),
+    Case(
+        "constraints-prototypes-of-another-split",
+        ["prep.constraints", "concepts", "--form", "prototype", "--src", "{t}/src", "--prototypes", "{t}/p", "--out",
+         "{t}/cons"],
+        "{t}/p:1: concepts ['cat', 'sit'] differ",
+        {"src": "dog run\n", "p": "cat sit <sep> a cat sits\n", "cons": "earlier\n"},
+        ["cons"],
+    ),
+    # scripts/evaluate.py
+    Case(
+        "evaluate-reference-line-empty-in-every-file",
+        EVAL + ["{t}/ref0.txt", "{t}/ref1.txt"],
+        "{t}/ref0.txt:3: no reference for this input",
+        {**REFS, "ref0.txt": "a cat sits .\na dog runs .\n\n", "ref1.txt": "a cat .\na dog .\n \n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-jsonl-all-references-blank",
+        EVAL + ["{t}/refs.jsonl"],
+        "{t}/refs.jsonl:2: no reference for this input",
+        {**REFS, "refs.jsonl": '["a cat"]\n["", " "]\n["a bird"]\n', **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-jsonl-not-json",
+        EVAL + ["{t}/refs.jsonl"],
+        "{t}/refs.jsonl:2: not a JSON line",
+        {**REFS, "refs.jsonl": '["a cat"]\n[a dog]\n["a bird"]\n', **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-fewer-hypotheses",
+        EVAL + ["{t}/ref0.txt"],
+        "{t}/hyp.txt:3: 2 inputs here but 3",
+        {**REFS, "hyp.txt": "a cat .\na dog .\n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-reference-files-of-other-lengths",
+        EVAL + ["{t}/ref0.txt", "{t}/ref1.txt"],
+        "{t}/ref1.txt:3: line-count mismatch",
+        {**REFS, "ref1.txt": "a .\nb .\n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-source-of-other-length",
+        EVAL + ["{t}/ref0.txt", "--src", "{t}/src"],
+        "{t}/src:2: 1 inputs here but 3",
+        {**REFS, "src": "cat sit\n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-generate-output-missing-an-id",
+        EVAL + ["{t}/ref0.txt"],
+        "{t}/hyp.txt: fairseq-generate output lacks hypotheses for ids [1]",
+        {**REFS, "hyp.txt": "H-0\t-1\ta cat\nH-2\t-1\ta bird\n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-hypotheses-bad-utf8",
+        EVAL + ["{t}/ref0.txt"],
+        "{t}/hyp.txt:2: not valid UTF-8",
+        {**REFS, "hyp.txt": b"a cat .\n\xe9t\xe9\na bird .\n", **OLD_SCORES},
+        ["scores.json"],
+    ),
+    Case(
+        "evaluate-json-out-under-a-file",
+        ["scripts/evaluate.py", "--hyp", "{t}/hyp.txt", "--no-cider", "--json-out", "{t}/block/s.json", "--refs",
+         "{t}/ref0.txt"],
+        "{t}/block: cannot create the output folder",
+        {**REFS, "block": "a file\n"},
+        ["block"],
+    ),
+    # checkpoint_average (and, through checkpoint_compat, the loader fairseq's commands use)
+    Case(
+        "average-truncated-checkpoint",
+        AVERAGE,
+        "{t}/ck/checkpoint_last.pt: cannot be read: truncated",
+        OLD_AVG,
+        ["avg.pt"],
+        truncated,
+    ),
+    Case(
+        "average-text-file-as-checkpoint",
+        AVERAGE,
+        "{t}/ck/checkpoint_last.pt: cannot be read: not a torch checkpoint",
+        OLD_AVG,
+        ["avg.pt"],
+        checkpoints(b"this is no checkpoint\n"),
+    ),
+    Case(
+        "average-refused-global",
+        AVERAGE,
+        "{t}/ck/checkpoint_last.pt: refused: it names the Python object posix.system",
+        OLD_AVG,
+        ["avg.pt"],
+        evil,
+    ),
+    Case(
+        "average-empty-checkpoint",
+        AVERAGE,
+        "{t}/ck/checkpoint_last.pt: empty file, not a checkpoint",
+        OLD_AVG,
+        ["avg.pt"],
+        checkpoints(b""),
+    ),
+    Case("average-missing-folder", AVERAGE, "{t}/ck: no such folder", OLD_AVG, ["avg.pt"]),
+    # fairseq's own commands read checkpoints through checkpoint_compat's checks
+    Case(
+        "fairseq-generate-truncated-checkpoint",
+        ["fairseq-generate", "{t}/data", "--user-dir", "fairseq_knowgen", "-s", "src", "-t", "tgt", "--cpu",
+         "--path", "{t}/ck/checkpoint_last.pt"],
+        "{t}/ck/checkpoint_last.pt: cannot be read: truncated",
+        DICTS,
+        setup=truncated,
+    ),
+    Case(
+        "fairseq-generate-refused-global",
+        ["fairseq-generate", "{t}/data", "--user-dir", "fairseq_knowgen", "-s", "src", "-t", "tgt", "--cpu",
+         "--path", "{t}/ck/checkpoint_last.pt"],
+        "{t}/ck/checkpoint_last.pt: refused: it names the Python object posix.system",
+        DICTS,
+        setup=evil,
+    ),
+    Case(
+        "fairseq-generate-missing-checkpoint",
+        ["fairseq-generate", "{t}/data", "--user-dir", "fairseq_knowgen", "-s", "src", "-t", "tgt", "--cpu",
+         "--path", "{t}/none.pt"],
+        "{t}/none.pt: checkpoint file not found",
+        DICTS,
+    ),
+    # demo_data
+    Case(
+        "demo-data-file-in-place-of-out",
+        ["demo_data", "--out", "{t}/out", "--train", "3", "--valid", "2", "--test", "2"],
+        "{t}/out: a file is in the way of the output folder",
+        {"out": "a file\n"},
+        ["out"],
+    ),
+]
+
+
+def _write(folder: str, files: Files):
+    for rel, content in files.items():
+        path = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(content if isinstance(content, bytes) else content.encode())
+
+
+def _snapshot(folder: str, rels: List[str]) -> Dict[str, bytes]:
+    """The bytes of every file at or below each of ``rels``."""
+    out = {}
+    for rel in rels:
+        path = os.path.join(folder, rel)
+        if os.path.isfile(path):
+            out[rel] = open(path, "rb").read()
+        for d, _, names in os.walk(path):
+            for n in names:
+                p = os.path.join(d, n)
+                out[os.path.relpath(p, folder)] = open(p, "rb").read()
+    return out
+
+
+def _run(argv: List[str]):
+    """(exit status, stdout, stderr) of one command line."""
+    tool, args = argv[0], argv[1:]
+    if tool.startswith("fairseq-") or tool.startswith("scripts/") and not tool.endswith("evaluate.py"):
+        proc = run_cli(tool, *args, check=False)
+        return proc.returncode, proc.stdout, proc.stderr
+    if tool == "scripts/evaluate.py":
+        tool = "evaluation.cli"
+    main = importlib.import_module(f"fairseq_knowgen.{tool}").main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_entry(lambda: main(args)) or 0
+        except SystemExit as e:
+            code = e.code
+        except Exception:  # a traceback: the case fails below
+            import traceback
+
+            traceback.print_exc(file=err)
+            code = "traceback"
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, tmp_path):
+    t = str(tmp_path)
+    _write(t, case.files)
+    if case.setup:
+        case.setup(t)
+    before = _snapshot(t, case.keep)
+    code, out, err = _run([a.replace("{t}", t) for a in case.argv])
+    assert "Traceback" not in out + err, err
+    assert code == case.code, (code, err[-2000:])
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), err
+    assert case.where.replace("{t}", t) in lines[-1], lines[-1]
+    assert _snapshot(t, case.keep) == before
+    left = [os.path.join(d, n) for d, dirs, names in os.walk(t) for n in dirs + names if n.startswith(".tmp-")]
+    assert not left
+
+
+def test_a_bom_and_crlf_are_read_as_plain_text(tmp_path):
+    """A UTF-8 byte-order mark and CRLF line ends change nothing: ``placeholders encode`` writes the same
+    bytes as from the plain files (a BOM kept made the first word '\\ufeffalan', a word of its own)."""
+    plain = {"train.src": "alan bean flew\nalan shepard flew\n", "train.tgt": "alan flew\nalan flew too\n"}
+    crlf = {k: ("\ufeff" + v).replace("\n", "\r\n").encode() for k, v in plain.items()}
+    written = []
+    for name, files in (("plain", plain), ("bom", crlf)):
+        d = f"{tmp_path}/{name}"
+        _write(d, files)
+        argv = ["prep.placeholders", "encode", "--train-prefix", f"{d}/train", "--splits", f"{d}/train",
+                "--out-dir", f"{d}/enc", "--min-count", "1", "--min-source-df", "2"]
+        code, _, err = _run(argv)
+        assert code == 0, err
+        written.append({p: open(f"{d}/enc/{p}", "rb").read() for p in sorted(os.listdir(f"{d}/enc"))})
+    assert written[0] == written[1] and b"alan" in written[0]["dict.txt"]
+
+
+def test_the_harness_sees_a_traceback(tmp_path, monkeypatch):
+    """The harness itself: an entry point that raises is caught as a traceback, not passed."""
+    from fairseq_knowgen.prep import constraints
+
+    def boom(argv):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(constraints, "main", boom)
+    code, _, err = _run(["prep.constraints"])
+    assert code == "traceback" and "Traceback" in err and re.search("TypeError: a bug", err)

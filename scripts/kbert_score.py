@@ -8,11 +8,17 @@
 With ``--path`` the predictions are made first (one label per line; for tagging one tag per
 original character, space-separated: tags of injected tokens are never read, sentence characters
 a too long tree lost are tagged ``O``) and written to ``--pred``; without it ``--pred`` is read and
-scored. Scores: accuracy (classification); strict typed entity F1 with ``seqeval``
-(``mode="strict"``, IOB2) on the original characters, and span-only F1 (types removed; how the
-original K-BERT code scores NER, printed so numbers can be compared). ``--json-out`` writes them in
-percent as ``{"NAME/SPLIT": {"accuracy": ...}}`` or ``{"NAME/SPLIT": {"typed_f1": ..., "typed_precision":
-..., "typed_recall": ..., "span_f1": ..., "sentences": N}}`` (``scripts/results_table.py`` reads it).
+scored. Every row of the split is predicted (batches of any size; no row is dropped).
+
+Tagging predictions are the argmax of each character's tag distribution (the paper's and the
+authors' tagger), or with ``--viterbi`` the best valid IOB2 sequence
+(:mod:`fairseq_knowgen.evaluation.kbert_iob2`: no ``I-X`` without a ``B-X`` / ``I-X`` before it);
+``[ENT]`` (the authors' tag of injected tokens, ``--kg-injected-label ent``) is never predicted for a
+character. Scores: accuracy (classification); strict typed entity F1 with ``seqeval``
+(``mode="strict"``, IOB2) on the original characters, and beside it span-only F1 (types removed;
+how the authors' code scores NER). The printed line and ``--json-out`` give both, in percent:
+``{"NAME/SPLIT": {"accuracy": ...}}`` or ``{"NAME/SPLIT": {"typed_f1": ..., "typed_precision": ...,
+"typed_recall": ..., "span_f1": ..., "sentences": N}}`` (``scripts/results_table.py`` reads it).
 """
 
 import argparse
@@ -25,17 +31,13 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fairseq_knowgen.data.kbert_dataset import read_tsv  # noqa: E402
+from fairseq_knowgen.data.kbert_dataset import ENT, read_tsv  # noqa: E402
+from fairseq_knowgen.evaluation.kbert_iob2 import iob2_transitions, untyped, viterbi  # noqa: E402
 from fairseq_knowgen.textio import DataError, atomic_write, cli_entry, read_lines  # noqa: E402
 
 
 def accuracy(gold: Sequence[str], pred: Sequence[str]) -> float:
     return sum(g == p for g, p in zip(gold, pred)) / max(len(gold), 1)
-
-
-def untyped(tags: Sequence[str]) -> List[str]:
-    """``B-Disease`` -> ``B-ENT``: spans without their types."""
-    return [t if t == "O" else t.split("-", 1)[0] + "-ENT" for t in tags]
 
 
 def tagging_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
@@ -88,27 +90,35 @@ def load(checkpoint: str, data: str):
 
 
 @torch.no_grad()
-def predict(model, task, split: str, batch_size: int = 64) -> List[str]:
+def predict(model, task, split: str, batch_size: int = 64, use_viterbi: bool = False) -> List[str]:
     """Predictions of ``model`` for ``DATA/{split}.tsv`` in file order (as the lines of ``--pred``).
 
     Tagging: the logits of tree position ``ds.trunk_index[i]`` are the tags of the sentence's
     characters (injected tokens, ``<s>`` and ``</s>`` are never read); characters a too long tree
-    lost are tagged ``O``, so that each line has one tag per original character."""
+    lost are tagged ``O``, so that each line has one tag per original character. ``[ENT]`` is never
+    a character's tag; ``use_viterbi``: the best valid IOB2 sequence instead of each argmax."""
     ds = task.load_dataset(split)
     itr = task.get_batch_iterator(ds, max_sentences=batch_size, ignore_invalid_inputs=False).next_epoch_itr(
         shuffle=False
     )
     head = {"tagging_head_name" if task.tagging else "classification_head_name": task.head_name}
+    start, allowed = iob2_transitions(task.labels)
     out = [None] * len(ds)
     for sample in itr:
         logits, _ = model(**sample["net_input"], features_only=True, **head)  # B x T x tags or B x classes
-        best = logits.argmax(-1)
+        if not task.tagging:
+            for row, i in enumerate(sample["id"].tolist()):
+                out[i] = task.labels[logits[row].argmax(-1)]
+            continue
+        scores = logits.float().log_softmax(-1)
+        if ENT in task.labels:
+            scores[..., task.labels.index(ENT)] = float("-inf")
         for row, i in enumerate(sample["id"].tolist()):
-            if not task.tagging:
-                out[i] = task.labels[best[row]]
-                continue
-            tags = [task.labels[t] for t in best[row, torch.from_numpy(ds.trunk_index[i])].tolist()]
+            chars = scores[row, torch.from_numpy(ds.trunk_index[i])]  # n x tags
+            best = viterbi(chars, start, allowed) if use_viterbi else chars.argmax(-1)
+            tags = [task.labels[t] for t in best.tolist()]
             out[i] = " ".join(tags + ["O"] * (ds.n_tokens[i] - len(tags)))
+    assert all(x is not None for x in out), "a row was not predicted"
     return out
 
 
@@ -119,6 +129,10 @@ def main(argv=None):
     p.add_argument("--path", help="checkpoint to predict with (else --pred is scored as it is)")
     p.add_argument("--pred", required=True, help="predictions file (written with --path)")
     p.add_argument("--tagging", action="store_true", help="score tags (implied by a kbert_tagging checkpoint)")
+    p.add_argument(
+        "--viterbi", action="store_true", help="tagging with --path: predict the best valid IOB2 sequence (default: "
+        "each character's argmax, as the paper and the authors)"
+    )
     p.add_argument("--json-out", help="write the scores here")
     p.add_argument("--name", default="", help="run name stored in the JSON")
     a = p.parse_args(argv)
@@ -127,14 +141,15 @@ def main(argv=None):
         if not os.path.isfile(a.path):
             raise DataError(a.path, 0, "checkpoint not found")
         model, task = load(a.path, a.data)
-        preds, tagging = predict(model, task, a.split), task.tagging
+        preds, tagging = predict(model, task, a.split, use_viterbi=a.viterbi), task.tagging
         with atomic_write(a.pred) as f:
             f.writelines(x + "\n" for x in preds)
     raw = score(os.path.join(a.data, f"{a.split}.tsv"), a.pred, tagging)
     scores = {k: (v if k == "sentences" else 100 * v) for k, v in raw.items()}  # percent, as scripts/evaluate.py
     if tagging:
+        decoding = " (Viterbi IOB2)" if a.viterbi else " (argmax)" if a.path else ""
         print(
-            f"{a.name} {a.split}: typed F1 {scores['typed_f1']:.2f} (P {scores['typed_precision']:.2f} "
+            f"{a.name} {a.split}{decoding}: typed F1 {scores['typed_f1']:.2f} (P {scores['typed_precision']:.2f} "
             f"R {scores['typed_recall']:.2f}); span-only F1 {scores['span_f1']:.2f}"
         )
     else:

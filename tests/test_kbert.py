@@ -1,6 +1,6 @@
 """K-BERT's knowledge layer: sentence tree, soft positions, visible matrix, entity choice,
 truncation, labels of injected tokens, bad input. Expected values are computed by hand from the
-paper's definitions (k_bert.zh.txt, section 02), not taken from the code."""
+paper's definitions (K-BERT, section 02), not taken from the code."""
 
 import os
 import subprocess

@@ -5,6 +5,7 @@ sentence pairs get segment ids and a visible matrix over both sentences; the rec
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -17,7 +18,6 @@ from test_convert_hf_bert import converted, task_folder  # noqa: F401  (fixtures
 from test_kbert_model import TINY, tagging_dir, tiny_roberta  # noqa: F401  (fixtures)
 
 from fairseq_knowgen.modules.sentence_tree import visible_matrix
-from fairseq_knowgen.textio import DataError
 
 
 def released_layout(state: dict) -> dict:
@@ -91,6 +91,15 @@ def edited(path, tmp_path, edit):
     return out
 
 
+def exits_with(capsys, pattern, build, *args, **kwargs):
+    """``build(*args)`` ends with ``error: ...`` matching ``pattern`` and exit status 2 (the K-BERT
+    tasks' way with bad input, as in fairseq-train), no traceback."""
+    with pytest.raises(SystemExit) as e:
+        build(*args, **kwargs)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search(pattern, err), err[-2000:]
+
+
 @pytest.mark.parametrize(
     "edit,named",
     [
@@ -101,16 +110,18 @@ def edited(path, tmp_path, edit):
     ids=["missing", "no-place", "shape"],
 )
 def test_partial_loads_are_refused_naming_the_tensors(
-    tagging_dir, released_roberta, tmp_path, edit, named  # noqa: F811
+    tagging_dir, released_roberta, tmp_path, capsys, edit, named  # noqa: F811
 ):
     bad = edited(released_roberta, tmp_path, edit)
-    with pytest.raises(ValueError, match=rf"refusing a partial load.*{named}"):
-        build_task_and_model(
-            tagging_dir, "kbert_small", *TINY, "--kbert-pretrained", bad, "--max-positions", "128", task="kbert_tagging"
-        )
+    exits_with(
+        capsys, rf"error: {bad}: refusing a partial load.*{named}", build_task_and_model,
+        tagging_dir, "kbert_small", *TINY, "--kbert-pretrained", bad, "--max-positions", "128", task="kbert_tagging",
+    )
 
 
-def test_position_tables_take_the_first_rows_or_refuse_a_longer_model(tagging_dir, released_roberta):  # noqa: F811
+def test_position_tables_take_the_first_rows_or_refuse_a_longer_model(
+    tagging_dir, released_roberta, capsys  # noqa: F811
+):
     ckpt = torch.load(released_roberta)["model"]
     _, model, _ = build_task_and_model(
         tagging_dir, "kbert_small", *TINY, "--kbert-pretrained", released_roberta, "--max-positions", "64",
@@ -118,11 +129,11 @@ def test_position_tables_take_the_first_rows_or_refuse_a_longer_model(tagging_di
     )
     table = ckpt["decoder.sentence_encoder.embed_positions.weight"]
     assert torch.equal(model.encoder.embed_positions.weight, table[: 64 + 2])
-    with pytest.raises(ValueError, match="embed_positions.weight"):
-        build_task_and_model(
-            tagging_dir, "kbert_small", *TINY, "--kbert-pretrained", released_roberta, "--max-positions", "256",
-            task="kbert_tagging",
-        )
+    exits_with(
+        capsys, "embed_positions.weight", build_task_and_model,
+        tagging_dir, "kbert_small", *TINY, "--kbert-pretrained", released_roberta, "--max-positions", "256",
+        task="kbert_tagging",
+    )
 
 
 def test_restore_file_with_the_released_layout(tagging_dir, released_roberta, tmp_path):  # noqa: F811
@@ -201,12 +212,12 @@ def test_bad_pair_rows_are_refused_with_file_and_line(tmp_path, row, where, what
     assert proc.returncode == 2 and where in proc.stderr and what in proc.stderr, proc.stderr[-2000:]
 
 
-def test_unknown_label_is_refused_with_file_and_line(tmp_path):
+def test_unknown_label_is_refused_with_file_and_line(tmp_path, capsys):
     data = pair_folder(str(tmp_path / "pairs"))
     with open(f"{data}/valid.tsv", "a", encoding="utf-8") as f:
         f.write("7\t甲\t乙\n")
-    with pytest.raises(DataError, match=r"valid.tsv:4: label '7'"):
-        build_task_and_model(data, "kbert_small", *TINY, task="kbert_classification")
+    exits_with(capsys, r"valid.tsv:4: label '7'", build_task_and_model, data, "kbert_small", *TINY,
+               task="kbert_classification")
 
 
 def test_finetuned_checkpoint_loads_without_the_pretrained_file(converted, tmp_path):  # noqa: F811
@@ -261,7 +272,9 @@ def test_recipe_from_a_converted_bert_with_sentence_pairs(converted, tmp_path): 
     assert (run / "data" / "dict.txt").read_text(encoding="utf-8") == (out / "dict.txt").read_text(encoding="utf-8")
     assert "stage 2: skipped" in proc.stdout and not (run / "mlm" / "checkpoints").exists()
     log = (run / "runs" / "kbert" / "train.log").read_text()
-    assert "K-BERT encoder from" in log and "--encoder-embed-dim 16" in proc.stdout and "lr=[2e-05]" in log
+    assert "K-BERT encoder from" in log and "lr=[2e-05]" in log
+    assert re.search(r"embed_tokens\): Embedding\(\d+, 16, padding_idx=1\)", log)  # BERT's sizes, from its checkpoint
+    assert "kbert_adam" in log and "--optimizer kbert_adam" in proc.stdout  # the authors' optimizer settings
     assert "injected tokens kept" in log and " 0 injected tokens" not in log
     scores = json.loads((run / "runs" / "kbert" / "valid.scores.json").read_text())["kbert/valid"]
     assert 0 <= scores["accuracy"] <= 100 and scores["sentences"] == 16

@@ -1,5 +1,5 @@
 """The visible matrix through a multi-layer K-BERT encoder, against computations written here
-from the paper (k_bert.zh.txt, section 02: M_ij = 0 where token i sees token j, -inf elsewhere,
+from the paper (K-BERT, section 02: M_ij = 0 where token i sees token j, -inf elsewhere,
 added to Q K^T in the self-attention of every layer), and scripts/kbert_score.py's ``predict``
 (tags read at the sentence characters' tree positions) with stub models whose outputs are known.
 

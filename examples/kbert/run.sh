@@ -27,18 +27,28 @@
 #       TASK_TYPE=classification|tagging   set for a TASK other than book_review / medical_ner
 #       NAME=kbert  KG=full|none|control|PATH  (full: kgs/HowNet.spo or kgs/Medical.spo of DATA_DIR; PATH: that
 #           subject<TAB>predicate<TAB>object file, prepared by stage 1 as $OUT/kg/full.spo and its control)
-#       ARCH=kbert_small  ARCH_ARGS=""  (e.g. --no-visible-matrix, --no-soft-positions: the paper's ablations)  SEED=1
+#       ARCH=kbert_small (kbert_base from a PRETRAINED folder)  ARCH_ARGS=""  (e.g. --no-visible-matrix,
+#           --no-soft-positions: the paper's ablations)  SEED=1
 #       LAYERS=4 DIM=256 HEADS=4   encoder size, the same in stages 2 and 3 (ffn 4*DIM; a PRETRAINED folder's
-#           model.pt gives its own)
+#           model.pt gives its own: --kbert-pretrained takes the sizes from the checkpoint)
 #       MAX_POSITIONS=256  longest sentence tree (branches are dropped first, then the sentence's tail)
-#       MAX_UPDATE (medical_ner and other tasks 2000, book_review 800) MINUTES=30 LR=2e-4 (2e-5 from a PRETRAINED
-#           folder, as K-BERT's run_kbert_cls.py) BATCH=32 VALID_EVERY=200   fine-tuning budget (--max-update,
-#           --stop-time-hours; dev every VALID_EVERY updates and at each epoch's end)
+#       Fine-tuning from a PRETRAINED folder (a released model) is the authors' (run_kbert_cls.py /
+#           run_kbert_ner.py): EPOCHS=5 epochs (MAX_UPDATE = EPOCHS x the batches of an epoch unless set), no
+#           time cap (MINUTES=0), BATCH=32 (classification) / 16 (tagging), LR=2e-5 with 10% warm-up and linear
+#           decay, --optimizer kbert_adam (BertAdam's betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except
+#           biases and LayerNorm), dev at each epoch's end (VALID_EVERY=0).
+#       Otherwise (from scratch or the stage-2 masked LM, the CPU budgets of docs/results/kbert.md):
+#           MAX_UPDATE (medical_ner and other tasks 2000, book_review 800) EPOCHS=0 (no limit) MINUTES=30 LR=2e-4
+#           BATCH=32 VALID_EVERY=200, adam (0.9, 0.98) eps 1e-8 weight decay 0.01 on every parameter
+#           (--max-update, --max-epoch, --stop-time-hours; dev every VALID_EVERY updates and at each epoch's end)
+#       Stage 4 of a tagging task scores two predictions: SPLIT.pred / SPLIT.scores.json (each character's argmax,
+#           the paper's tagger) and SPLIT.viterbi.pred / SPLIT.viterbi.scores.json (the best valid IOB2 sequence)
 #       MLM_UPDATE=400 MLM_MINUTES=15 MLM_LR=5e-4 MLM_BATCH=16   stage 2 budget (blocks of MAX_POSITIONS tokens)
 #       PRETRAINED=$OUT/mlm/checkpoints/checkpoint_best.pt   (none: fine-tune from scratch; a file: any fairseq
 #           RoBERTa/masked_lm checkpoint on $OUT/data/dict.txt of the same sizes; a folder: its model.pt (converted
 #           BERT or fairseq RoBERTa, sized by its own args) and dict.txt (the data's dictionary from stage 1 on))
-#       TASK_ARGS=""  more task flags (--kg-max-entities N, --kg-inject object|predicate-object)   TRAIN_ARGS=""
+#       TASK_ARGS=""  more task flags (--kg-max-entities N, --kg-inject object|predicate-object, --kg-matching
+#           longest, --kg-injected-label ent: see docs/methods/kbert.md#faithfulness)   TRAIN_ARGS=""
 #   The README's headline runs set PRETRAINED=none MAX_UPDATE=8000 MINUTES=65 (medical_ner) and PRETRAINED=none
 #   MAX_UPDATE=8500 MINUTES=62 (book_review); the defaults above are the shorter settings the recipe tests keep.
 #   Examples:
@@ -53,10 +63,9 @@ TASK=${1:?usage: [TASK_TYPE=classification|tagging] bash examples/kbert/run.sh b
 DATA=$(realpath -m "${2:-$ROOT/../shared/data/kbert}")
 OUT=$(realpath -m "${3:-$ROOT/work/kbert-$TASK}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-5}
-NAME=${NAME:-kbert}; KG=${KG:-full}; ARCH=${ARCH:-kbert_small}; ARCH_ARGS=${ARCH_ARGS:-}; SEED=${SEED:-1}
+NAME=${NAME:-kbert}; KG=${KG:-full}; ARCH_ARGS=${ARCH_ARGS:-}; SEED=${SEED:-1}
 LAYERS=${LAYERS:-4}; DIM=${DIM:-256}; HEADS=${HEADS:-4}; MAX_POSITIONS=${MAX_POSITIONS:-256}
-MINUTES=${MINUTES:-30}; BATCH=${BATCH:-32}
-VALID_EVERY=${VALID_EVERY:-200}
+MAX_UPDATE_GIVEN=${MAX_UPDATE:-}
 MLM_UPDATE=${MLM_UPDATE:-400}; MLM_MINUTES=${MLM_MINUTES:-15}; MLM_LR=${MLM_LR:-5e-4}; MLM_BATCH=${MLM_BATCH:-16}
 MLM_CHECKPOINT=$OUT/mlm/checkpoints/checkpoint_best.pt
 PRETRAINED=${PRETRAINED:-$MLM_CHECKPOINT}
@@ -80,10 +89,17 @@ case $KG in full|control) KG_ARGS="--kg $OUT/kg/$KG.spo" ;; none) KG_ARGS="" ;; 
 [ "$KG" = none ] || [ -n "$KG_FILE" ] || { echo "KG=$KG: task $TASK has no KG file of its own: KG=PATH or KG=none"; exit 2; }
 # PRETRAINED: a folder (model.pt + dict.txt) gives the dictionary (stage 1) and the encoder's sizes (stage 3)
 PRETRAINED_DICT=(); ENCODER_ARGS=(--encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim $((4 * DIM)) --encoder-attention-heads "$HEADS")
-LR_GIVEN=${LR:-}; LR=${LR:-2e-4}
-if [ -d "$PRETRAINED" ]; then
+if [ -d "$PRETRAINED" ]; then  # a released model: the authors' fine-tuning
   for f in model.pt dict.txt; do [ -f "$PRETRAINED/$f" ] || { echo "PRETRAINED=$PRETRAINED has no $f"; exit 2; }; done
-  PRETRAINED_DICT=(--srcdict "$PRETRAINED/dict.txt"); PRETRAINED=$PRETRAINED/model.pt; LR=${LR_GIVEN:-2e-5}
+  PRETRAINED_DICT=(--srcdict "$PRETRAINED/dict.txt"); PRETRAINED=$PRETRAINED/model.pt
+  ENCODER_ARGS=()  # the checkpoint's sizes (--kbert-pretrained)
+  ARCH=${ARCH:-kbert_base}; EPOCHS=${EPOCHS:-5}; MINUTES=${MINUTES:-0}; LR=${LR:-2e-5}; VALID_EVERY=${VALID_EVERY:-0}
+  if [ "$TASK_TYPE" = tagging ]; then BATCH=${BATCH:-16}; else BATCH=${BATCH:-32}; fi
+  OPTIM_ARGS=(--optimizer kbert_adam)
+else
+  ARCH=${ARCH:-kbert_small}; EPOCHS=${EPOCHS:-0}; MINUTES=${MINUTES:-30}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
+  VALID_EVERY=${VALID_EVERY:-200}
+  OPTIM_ARGS=(--optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01)
 fi
 cd "$ROOT"
 bash scripts/setup_env.sh
@@ -121,25 +137,32 @@ fi
 if stage 3; then
   init=()
   [ "$PRETRAINED" = none ] || init=(--kbert-pretrained "$PRETRAINED")
-  if [ ${#PRETRAINED_DICT[@]} -gt 0 ]; then  # the sizes of the folder's model.pt
-    read -r -a ENCODER_ARGS <<< "$(PYTHONWARNINGS=ignore $PY -m fairseq_knowgen.convert.fairseq_legacy --encoder-flags "$PRETRAINED")"
+  if [ "$EPOCHS" -gt 0 ] && [ -z "$MAX_UPDATE_GIVEN" ]; then  # EPOCHS x ceil(rows / BATCH): every row counts
+    rows=$(($(grep -c . "$OUT/data/train.tsv") - 1))
+    MAX_UPDATE=$((EPOCHS * ((rows + BATCH - 1) / BATCH)))
   fi
-  echo "== stage 3: fine-tune $NAME (--arch $ARCH ${ENCODER_ARGS[*]} $ARCH_ARGS, KG=$KG, seed $SEED, from ${PRETRAINED}) -> $RUN"
+  epochs_note=""; [ "$EPOCHS" = 0 ] || epochs_note=" ($EPOCHS epochs)"
+  echo "== stage 3: fine-tune $NAME (--arch $ARCH ${ENCODER_ARGS[*]} $ARCH_ARGS, KG=$KG, seed $SEED," \
+    "from ${PRETRAINED}; $MAX_UPDATE updates$epochs_note of $BATCH, --optimizer ${OPTIM_ARGS[1]}, lr $LR) -> $RUN"
   # shellcheck disable=SC2086
   train_logged "$RUN" "$OUT/data" --task "$FS_TASK" $KG_ARGS --max-positions "$MAX_POSITIONS" $TASK_ARGS \
     --arch "$ARCH" "${ENCODER_ARGS[@]}" "${init[@]}" $ARCH_ARGS --criterion "$CRITERION" --seed "$SEED" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 --lr "$LR" \
+    "${OPTIM_ARGS[@]}" --clip-norm 1.0 --lr "$LR" \
     --lr-scheduler polynomial_decay --warmup-updates $((MAX_UPDATE / 10)) --total-num-update "$MAX_UPDATE" \
-    --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --batch-size "$BATCH" \
+    --max-update "$MAX_UPDATE" --max-epoch "$EPOCHS" --stop-time-hours "$(hours "$MINUTES")" --batch-size "$BATCH" \
     --validate-interval-updates "$VALID_EVERY" --save-interval-updates "$VALID_EVERY" --keep-interval-updates 1 \
     --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric --log-interval 50 $TRAIN_ARGS
 fi
 if stage 4; then
+  decodings=(""); [ "$TASK_TYPE" != tagging ] || decodings=("" .viterbi)
   for split in $(cat "$OUT/data/eval_splits"); do
-    echo "== stage 4: predict + score $split -> $RUN/$split.scores.json"
-    $PY "$ROOT/scripts/kbert_score.py" --data "$OUT/data" --split "$split" --name "$NAME" \
-      --path "$RUN/checkpoints/checkpoint_best.pt" --pred "$RUN/$split.pred" --json-out "$RUN/$split.scores.json" \
-      2> "$RUN/$split.score.log" || { echo "scoring failed: see $RUN/$split.score.log"; exit 1; }
+    for d in "${decodings[@]}"; do
+      echo "== stage 4: predict${d:+ (Viterbi IOB2)} + score $split -> $RUN/$split$d.scores.json"
+      $PY "$ROOT/scripts/kbert_score.py" --data "$OUT/data" --split "$split" --name "$NAME$d" ${d:+--viterbi} \
+        --path "$RUN/checkpoints/checkpoint_best.pt" --pred "$RUN/$split$d.pred" \
+        --json-out "$RUN/$split$d.scores.json" 2> "$RUN/$split$d.score.log" \
+        || { echo "scoring failed: see $RUN/$split$d.score.log"; exit 1; }
+    done
   done
 fi
 if stage 5 && [ "$TASK" != book_review ] && [ "$TASK" != medical_ner ]; then

@@ -2,40 +2,37 @@
 
 Only positions with a tag count (the dataset marks ``<s>``, ``</s>``, padding and every injected
 branch token with -100), so injected knowledge never gets a label and never enters the loss (the
-original code trained its NER head on labels of injected tokens). ``sample_size`` is the number
-of tagged characters.
+paper tags the sentence's characters). The authors' ``run_kbert_ner.py`` labels injected tokens
+``[ENT]`` and trains on them: ``--kg-injected-label ent`` of the ``kbert_tagging`` task; their
+positions then count in the loss and ``sample_size`` (as in the authors' loss), never in the
+entity counts, and ``[ENT]`` is never predicted for a character. ``sample_size`` is the number of
+tagged positions.
 
 In validation it also counts strict typed entities (IOB2: ``B-X`` followed by ``I-X`` of the same
 type, as seqeval's ``mode="strict"``), so that ``--best-checkpoint-metric f1`` picks the checkpoint
-on dev entity F1 (logged as ``f1``, in percent; the recipe's final scores come from seqeval).
+on dev entity F1 (logged as ``f1``, in percent; the recipe's final scores come from seqeval), and
+the same without types (``span_f1``: span boundaries only, how the authors' code scores NER).
 """
 
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import Sequence, Set, Tuple
 
+import torch
 import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
-from ..data.kbert_dataset import IGNORE
+from ..data.kbert_dataset import ENT, IGNORE
+from ..evaluation.kbert_iob2 import strict_entities, untyped
 
 
-def strict_entities(tags: Sequence[str]) -> Set[Tuple[int, int, str]]:
-    """``(start, end, type)`` of the IOB2 entities of ``tags`` in seqeval's strict mode: ``B-X``
-    and the ``I-X`` right after it; an ``I-`` that does not continue a ``B-`` of its type is no entity."""
-    out, i, n = set(), 0, len(tags)
-    while i < n:
-        if tags[i].startswith("B-"):
-            kind, j = tags[i][2:], i + 1
-            while j < n and tags[j] == "I-" + kind:
-                j += 1
-            out.add((i, j, kind))
-            i = j
-        else:
-            i += 1
-    return out
+def _f1(name: str, meters) -> float:
+    """F1 in percent of the summed ``{name}_tp/_pred/_gold`` meters; float(): after a multi-rank
+    all-reduce the sums are tensors, which round() refuses."""
+    tp, n_pred, n_gold = (meters[f"{name}_{k}"].sum for k in ("tp", "pred", "gold"))
+    return round(float(200.0 * tp / max(n_pred + n_gold, 1)), 2)
 
 
 @dataclass
@@ -49,6 +46,7 @@ class KBertTaggingCriterion(FairseqCriterion):
         super().__init__(task)
         self.head = tagging_head_name
         self.labels = getattr(task, "labels", None)
+        self.ent = self.labels.index(ENT) if self.labels is not None and ENT in self.labels else None
 
     def forward(self, model, sample, reduce=True):
         logits, _ = model(**sample["net_input"], features_only=True, tagging_head_name=self.head)  # B x T x tags
@@ -67,18 +65,27 @@ class KBertTaggingCriterion(FairseqCriterion):
             "ncorrect": ncorrect,
         }
         if self.labels is not None and not model.training:
-            logging_output.update(self.entity_counts(logits.argmax(-1), target))
+            scores = logits.detach()
+            if self.ent is not None:  # a character is never [ENT]
+                scores = scores.index_fill(-1, scores.new_tensor([self.ent], dtype=torch.long), float("-inf"))
+            logging_output.update(self.entity_counts(scores.argmax(-1), target))
         return loss, sample_size, logging_output
 
     def entity_counts(self, pred, target) -> dict:
-        """Strict typed entities: correct, predicted and gold counts over the tagged positions."""
-        tp = n_pred = n_gold = 0
+        """Strict entities, typed (``entity_*``) and untyped (``span_*``): correct, predicted and
+        gold counts over the sentence's characters (tagged positions other than ``[ENT]``)."""
+        counts = dict.fromkeys(("entity_tp", "entity_pred", "entity_gold", "span_tp", "span_pred", "span_gold"), 0)
         for p_row, t_row in zip(pred.tolist(), target.tolist()):
-            keep = [i for i, t in enumerate(t_row) if t != IGNORE]
-            gold = strict_entities([self.labels[t_row[i]] for i in keep])
-            guess = strict_entities([self.labels[p_row[i]] for i in keep])
-            tp, n_pred, n_gold = tp + len(gold & guess), n_pred + len(guess), n_gold + len(gold)
-        return {"entity_tp": tp, "entity_pred": n_pred, "entity_gold": n_gold}
+            keep = [i for i, t in enumerate(t_row) if t != IGNORE and t != self.ent]
+            gold_tags = [self.labels[t_row[i]] for i in keep]
+            pred_tags = [self.labels[p_row[i]] for i in keep]
+            for name, typed in (("entity", True), ("span", False)):
+                gold = strict_entities(gold_tags if typed else untyped(gold_tags))
+                guess = strict_entities(pred_tags if typed else untyped(pred_tags))
+                counts[f"{name}_tp"] += len(gold & guess)
+                counts[f"{name}_pred"] += len(guess)
+                counts[f"{name}_gold"] += len(gold)
+        return counts
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
@@ -88,15 +95,10 @@ class KBertTaggingCriterion(FairseqCriterion):
         metrics.log_scalar("loss", loss / max(size, 1) / math.log(2), size, round=3)
         metrics.log_scalar("accuracy", 100.0 * correct / max(size, 1), size, round=2)
         if any("entity_tp" in log for log in logging_outputs):
-            for key in ("entity_tp", "entity_pred", "entity_gold"):
-                metrics.log_scalar_sum(key, sum(log.get(key, 0) for log in logging_outputs))
-            metrics.log_derived(
-                "f1",
-                # float(): after a multi-rank all-reduce the sums are tensors, which round() refuses
-                lambda m: round(
-                    float(200.0 * m["entity_tp"].sum / max(m["entity_pred"].sum + m["entity_gold"].sum, 1)), 2
-                ),
-            )
+            for name, derived in (("entity", "f1"), ("span", "span_f1")):
+                for key in (f"{name}_tp", f"{name}_pred", f"{name}_gold"):
+                    metrics.log_scalar_sum(key, sum(log.get(key, 0) for log in logging_outputs))
+                metrics.log_derived(derived, functools.partial(_f1, name))
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -4,7 +4,9 @@ Each example keeps per token only its id, soft position, branch id and mention i
 the collater pads them and the encoder builds the boolean B x T x T visible matrix per batch
 (:func:`fairseq_knowgen.modules.sentence_tree.visible_matrix`), so no matrix is ever stored.
 Injected (branch) tokens, ``<s>`` and ``</s>`` get the tag target ``IGNORE`` (-100): they are
-never labelled and never count in the loss or the score.
+never labelled and never count in the loss or the score. With ``injected_target`` (the
+``kbert_tagging`` task's ``--kg-injected-label ent``) injected tokens get that target instead, the
+authors' ``[ENT]`` label, and count in the loss (never in the score).
 
 Sentence pairs (a ``text_b`` column, K-BERT's XNLI / LCQMC format ``label<TAB>text_a<TAB>text_b``)
 become ``<s> a </s> b </s>`` (BERT's ``[CLS] a [SEP] b [SEP]``): each sentence with its own
@@ -26,6 +28,7 @@ from ..modules.sentence_tree import SentenceTree, build_pair_trees, build_senten
 from ..textio import DataError, read_lines
 
 IGNORE = -100
+ENT = "[ENT]"  # the authors' tag of injected tokens (kbert_tagging's --kg-injected-label ent)
 
 
 @dataclass
@@ -88,6 +91,8 @@ class KBertDataset(FairseqDataset):
         max_positions: the longest input (``<s>`` and ``</s>`` included); longer trees lose
             branches first (see ``build_sentence_tree``)
         tagging: per-token targets (else one label per example)
+        path: the TSV, named in errors
+        injected_target: tagging: the target of injected (branch) tokens; ``None``: ``IGNORE``
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class KBertDataset(FairseqDataset):
         max_positions: int,
         tagging: bool,
         path: str = "",
+        injected_target: Optional[int] = None,
     ):
         self.dictionary, self.tagging = dictionary, tagging
         self.items: List[Tuple[np.ndarray, ...]] = []
@@ -128,6 +134,8 @@ class KBertDataset(FairseqDataset):
                     bad = next(t for t, i in zip(ex.label, tags) if i is None)
                     raise DataError(path, ex.line, f"tag {bad!r} not among the training tags")
                 target = np.full(len(ids), IGNORE, dtype=np.int64)
+                if injected_target is not None:
+                    target[branch > 0] = injected_target  # the authors' [ENT] on every injected token
                 target[trunk] = tags
                 self.targets.append(target)
             else:

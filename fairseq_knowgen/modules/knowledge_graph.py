@@ -1,9 +1,9 @@
 """K-BERT's knowledge layer, part 1: the knowledge graph and the mention lookup.
 
 K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph",
-``../shared/seeds/k_bert.zh.txt``, section 02, "知識層"): the knowledge layer finds the entities
-of a sentence, looks up the triples whose subject (head entity) they are, and hangs each
-triple's predicate (relation) and object (tail entity) on the entity as a branch of depth 1.
+section 02, "知識層"): the knowledge layer finds the entities of a sentence, looks up the triples
+whose subject (head entity) they are, and hangs each triple's predicate (relation) and object
+(tail entity) on the entity as a branch of depth 1.
 
 The KG file (``--kg PATH`` of the ``kbert_*`` tasks and of ``prep.kbert``; ``kgs/*.spo`` in the
 K-BERT data) is UTF-8 text with one triple per line::
@@ -28,8 +28,24 @@ A line that breaks these rules (not three fields, an empty field, bytes that are
 the run with :class:`~fairseq_knowgen.textio.DataError` naming ``file:line`` (``error: file:line:
 ...`` and exit status 2 from ``python -m fairseq_knowgen.prep.kbert``).
 
-Mentions are found by longest match over the subjects with a token trie, left to right, without
-overlap (no word segmenter is needed at character level).
+How the entities are found (``--kg-matching``; the paper says only that the knowledge layer picks
+the sentence's entities):
+
+* ``pkuseg`` (the default of the character-level tasks): the authors' rule. Their code
+  (autoliuweijie/K-BERT, ``brain/knowgraph.py``) cuts the sentence with pkuseg, the KG's subjects
+  given as its user dictionary, and a word is a mention iff it equals a subject. pkuseg applies a
+  user dictionary *before* its statistical model: left to right, at each position it walks a trie
+  of the dictionary's words; where the walk reaches a word the longest such word is forced as a
+  word and the scan goes on after it, else it moves one character on; the model only cuts the
+  text between forced words, where no subject starts, so it never makes or breaks a mention and is
+  not needed here. One quirk of pkuseg's walk is kept, because it decides the authors' trees:
+  when the walk passes the end of a subject along a longer subject and then leaves the trie in
+  the middle of the text, the forced word runs to where the walk stopped (``丙型肝炎病`` in
+  ``丙型肝炎病史``, the subjects being ``丙型肝炎`` and ``丙型肝炎病毒感染...``); that word is no
+  subject, so the mention is lost (3 of the 939 medical_ner dev sentences);
+* ``longest``: the longest subject starting at each position, left to right, without overlap
+  (the same walk without the quirk); the word-level ``kbert_translation`` and the dictionary
+  floor use it.
 """
 
 import random
@@ -39,6 +55,7 @@ from ..textio import DataError, atomic_write, read_lines
 
 Tokens = Tuple[str, ...]
 INJECT_CHOICES = ("predicate-object", "object")
+MATCHING_CHOICES = ("pkuseg", "longest")
 
 
 def char_tokenize(text: str) -> List[str]:
@@ -83,6 +100,7 @@ class KnowledgeGraph:
         max_entities: at most this many triples per subject, the first ones in file order
             (``--kg-max-entities``, the paper's and original code's 2)
         min_mention: subjects shorter than this many tokens are never matched
+        matching: ``pkuseg`` (the authors' rule) or ``longest`` (see the module docstring)
     """
 
     def __init__(
@@ -91,7 +109,11 @@ class KnowledgeGraph:
         tokenize: Callable[[str], List[str]] = char_tokenize,
         max_entities: int = 2,
         min_mention: int = 1,
+        matching: str = "longest",
     ):
+        if matching not in MATCHING_CHOICES:
+            raise ValueError(f"--kg-matching must be one of {MATCHING_CHOICES}, not {matching!r}")
+        self.matching = matching
         self.max_entities = max_entities
         self.table: Dict[Tokens, List[Tuple[Tokens, Tokens]]] = {}
         for s, p, o in triples:
@@ -110,8 +132,10 @@ class KnowledgeGraph:
             node[None] = subj  # end of a subject
 
     @classmethod
-    def from_file(cls, path: str, tokenize: str = "char", max_entities: int = 2, min_mention: int = 1):
-        return cls(read_triples(path), TOKENIZERS[tokenize], max_entities, min_mention)
+    def from_file(
+        cls, path: str, tokenize: str = "char", max_entities: int = 2, min_mention: int = 1, matching: str = "longest"
+    ):
+        return cls(read_triples(path), TOKENIZERS[tokenize], max_entities, min_mention, matching)
 
     def __len__(self) -> int:
         return len(self.table)
@@ -126,18 +150,23 @@ class KnowledgeGraph:
     def mentions(self, tokens: Sequence[str]) -> List[Tuple[int, int]]:
         """Non-overlapping ``(start, end)`` spans (end exclusive) of KG subjects in ``tokens``:
         left to right, the longest subject starting at each position; a position without one
-        is skipped."""
+        is skipped. With ``matching="pkuseg"`` a walk that leaves the trie past a subject's end
+        in the middle of ``tokens`` forces the longer, subject-less word (pkuseg's user
+        dictionary, see the module docstring): no mention there, and the scan goes on after it."""
         spans, i, n = [], 0, len(tokens)
         while i < n:
-            node, end = self.trie, None
+            node, end, stop = self.trie, None, n
             for j in range(i, n):
                 node = node.get(tokens[j])
                 if node is None:
+                    stop = j
                     break
                 if None in node:
                     end = j + 1
             if end is None:
                 i += 1
+            elif self.matching == "pkuseg" and stop < n and stop > end:
+                i = stop  # pkuseg forces tokens[i:stop], which is no subject
             else:
                 spans.append((i, end))
                 i = end
@@ -166,8 +195,10 @@ def write_triples(path: str, triples: Sequence[Tuple[str, str, str]]):
             f.write("\t".join(t) + "\n")
 
 
-def load_kg(path: Optional[str], tokenize: str = "char", max_entities: int = 2, min_mention: int = 1):
+def load_kg(
+    path: Optional[str], tokenize: str = "char", max_entities: int = 2, min_mention: int = 1, matching: str = "longest"
+):
     """``KnowledgeGraph`` of ``path``, or ``None`` when no path is given (no knowledge injected)."""
     if not path:
         return None
-    return KnowledgeGraph.from_file(path, tokenize, max_entities, min_mention)
+    return KnowledgeGraph.from_file(path, tokenize, max_entities, min_mention, matching)

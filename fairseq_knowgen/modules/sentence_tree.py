@@ -1,6 +1,6 @@
 """K-BERT's knowledge layer, part 2: the sentence tree, its soft positions and visible matrix.
 
-K-BERT (Liu et al., 2020, ``../shared/seeds/k_bert.zh.txt``, section 02): each triple
+K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph", section 02): each triple
 ``(mention, predicate, object)`` becomes a branch hung after its mention's last token; the tree is
 flattened in that order ("Tim Cook [CEO Apple] is visiting Beijing [capital China] [is_a City]
 now", 12 tokens).

@@ -1,6 +1,7 @@
 """K-BERT's mask-Transformer: self-attention under a per-example boolean visible matrix.
 
-K-BERT (Liu et al., 2020, ``../shared/seeds/k_bert.zh.txt``, section 02, "編碼器"): the mask
+K-BERT (Liu et al., 2020, "K-BERT: Enabling Language Representation with Knowledge Graph", section 02,
+"編碼器"): the mask
 self-attention adds the visible matrix M (0 where visible, -inf elsewhere) to the attention logits
 of every layer and head::
 

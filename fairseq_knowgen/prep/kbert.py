@@ -22,8 +22,9 @@ characters and BIO tags) and writes into ``OUT``:
 KG of ``kbert_transformer`` on WebNLG instead (the training triples, each subject -> its facts).
 
 Every input is read and checked before anything is written; bad input (missing file, KG line
-without three fields, TSV row with a wrong column count, tokens and tags of different lengths)
-stops with ``error: file:line: ...`` and exit status 2.
+without three fields, TSV row with a wrong column count, tokens and tags of different lengths, a
+dev or test label or tag that ``train.tsv`` never has) stops with ``error: file:line: ...`` and
+exit status 2.
 """
 
 import argparse
@@ -53,6 +54,19 @@ def build_dictionary(examples, triples) -> Dictionary:
     return d
 
 
+def check_labels_seen(examples, labels, path: str, tagging: bool):
+    """Every label (tag) of ``examples`` is one of the training ``labels``: a model has no output
+    for another, so a dev or test row with one is refused here, naming ``path:line``, before any
+    training starts."""
+    known = set(labels)
+    for ex in examples:
+        unseen = [t for t in (ex.label if tagging else [ex.label]) if t not in known]
+        if unseen:
+            what = "tag" if tagging else "label"
+            shown = ", ".join(labels[:12]) + (f", ... ({len(labels)} in all)" if len(labels) > 12 else "")
+            raise DataError(path, ex.line, f"{what} {unseen[0]!r} is not among the training {what}s ({shown})")
+
+
 def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, srcdict: str = None):
     splits = {"train": "train.tsv", "valid": "dev.tsv"}
     if os.path.isfile(os.path.join(data, "test.tsv")):
@@ -71,6 +85,8 @@ def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, 
     labels = sorted(
         {t for ex in examples["train"] for t in ex.label} if tagging else {ex.label for ex in examples["train"]}
     )
+    for split, name in splits.items():
+        check_labels_seen(examples[split], labels, os.path.join(data, name), tagging)
 
     data_out, kg_out, mlm_out = (ensure_dir(os.path.join(out, x)) for x in ("data", "kg", "mlm"))
     for split, name in splits.items():

@@ -11,15 +11,24 @@ vocabulary from ``convert.hf_bert``; else the characters ``prep.kbert`` collecte
 appended as fairseq's ``masked_lm`` task does, so a masked LM pretrained on the same dictionary
 loads) and ``DATA/labels.txt`` (one label or tag per
 line; made from ``train.tsv`` when absent), and inject the knowledge graph ``--kg`` into every
-sentence (K-BERT's knowledge layer; no ``--kg``: plain BERT input). The counts of dropped branches
-and trunk tokens are logged per split.
+sentence (K-BERT's knowledge layer; no ``--kg``: plain BERT input; mentions found as the authors'
+code finds them, ``--kg-matching pkuseg``, see ``modules.knowledge_graph``). The counts of dropped
+branches and trunk tokens are logged per split.
 
     fairseq-train DATA --user-dir fairseq_knowgen --task kbert_classification --kg kgs/HowNet.spo \\
         --arch kbert_small --criterion sentence_prediction ...
+
+Every row of every split counts: the tasks batch their datasets with
+``--required-batch-size-multiple 1`` whatever the flag says (fairseq drops a last batch that is not
+a multiple). Bad input (a TSV or KG row, ``dict.txt``, a label that training never has, a
+``--kbert-pretrained`` that is missing or does not fit) ends ``fairseq-train`` / ``fairseq-validate``
+with ``error: path:line: ...`` and exit status 2.
 """
 
+import contextlib
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -27,12 +36,25 @@ from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
-from ..data.kbert_dataset import KBertDataset, read_tsv
-from ..modules.knowledge_graph import INJECT_CHOICES, load_kg
+from ..data.kbert_dataset import ENT, KBertDataset, read_tsv
+from ..modules.knowledge_graph import INJECT_CHOICES, MATCHING_CHOICES, load_kg
+from ..optim import kbert_adam  # noqa: F401  (registers --optimizer kbert_adam, the authors' fine-tuning settings)
 from ..textio import DataError, read_lines
 
 logger = logging.getLogger(__name__)
 INJECT = ChoiceEnum(list(INJECT_CHOICES))
+MATCHING = ChoiceEnum(list(MATCHING_CHOICES))
+
+
+@contextlib.contextmanager
+def exit_on_data_error():
+    """Bad input found by a fairseq entry point (``fairseq-train``, ``-validate``): ``error: path:line:
+    ...`` and exit status 2, as the package's own commands end, instead of a traceback."""
+    try:
+        yield
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 @dataclass
@@ -49,6 +71,14 @@ class KBertClassificationConfig(FairseqDataclass):
         default=2, metadata={"help": "at most this many triples per mention, the first ones in the KG file's order"}
     )
     kg_min_mention: int = field(default=1, metadata={"help": "ignore KG subjects shorter than this (tokens)"})
+    kg_matching: MATCHING = field(
+        default="pkuseg",
+        metadata={
+            "help": "how mentions are found: pkuseg (the authors' code: pkuseg with the KG's subjects as its user "
+            "dictionary, which forces the longest subject left to right, with pkuseg's overshoot quirk) or longest "
+            "(the longest subject at each position, without the quirk)"
+        },
+    )
     max_positions: int = field(
         default=256,
         metadata={"help": "longest input with <s> and </s>; longer trees lose branches (last first), then trunk tail"},
@@ -62,6 +92,13 @@ class KBertTaggingConfig(KBertClassificationConfig):
         default="object",
         metadata={"help": "branch tokens of a triple: predicate-object or object (the paper's choice for NER)"},
     )
+    kg_injected_label: ChoiceEnum(["none", "ent"]) = field(
+        default="none",
+        metadata={
+            "help": "the tag of injected tokens: none (no tag, no loss: the paper tags the sentence's characters) or "
+            "ent (the authors' run_kbert_ner.py: a tag [ENT], trained on; never predicted for a character)"
+        },
+    )
 
 
 @register_task("kbert_classification", dataclass=KBertClassificationConfig)
@@ -73,6 +110,8 @@ class KBertClassificationTask(FairseqTask):
 
     def __init__(self, cfg, dictionary, labels):
         super().__init__(cfg)
+        if self.tagging and str(getattr(cfg, "kg_injected_label", None) or "none") == "ent" and ENT not in labels:
+            labels = list(labels) + [ENT]  # the last tag: the authors' label of injected tokens
         self.dictionary, self.labels = dictionary, labels
         self.label_index = {x: i for i, x in enumerate(labels)}
         self._label_dictionary = Dictionary()
@@ -82,35 +121,41 @@ class KBertClassificationTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        dictionary = Dictionary.load(os.path.join(cfg.data, "dict.txt"))
-        dictionary.add_symbol("<mask>")  # as fairseq's masked_lm task, so its checkpoints load
-        labels_path = os.path.join(cfg.data, "labels.txt")
-        if os.path.isfile(labels_path):
-            labels = [x.strip() for x in read_lines(labels_path, "labels") if x.strip()]
-        else:
-            labels = label_set(os.path.join(cfg.data, "train.tsv"), cls.tagging)
+        with exit_on_data_error():
+            dictionary = load_dictionary(os.path.join(cfg.data, "dict.txt"))
+            dictionary.add_symbol("<mask>")  # as fairseq's masked_lm task, so its checkpoints load
+            labels_path = os.path.join(cfg.data, "labels.txt")
+            if os.path.isfile(labels_path):
+                labels = [x.strip() for x in read_lines(labels_path, "labels") if x.strip()]
+            else:
+                labels = label_set(os.path.join(cfg.data, "train.tsv"), cls.tagging)
         logger.info(f"dictionary: {len(dictionary)} types; labels: {labels}")
         return cls(cfg, dictionary, labels)
 
     @property
     def kg(self):
         if self._kg is None and self.cfg.kg:
-            self._kg = load_kg(self.cfg.kg, "char", self.cfg.kg_max_entities, self.cfg.kg_min_mention)
-            logger.info(f"knowledge graph {self.cfg.kg}: {len(self._kg)} subjects")
+            # a checkpoint saved before --kg-matching existed matched by longest match
+            matching = str(getattr(self.cfg, "kg_matching", None) or "longest")
+            with exit_on_data_error():
+                self._kg = load_kg(self.cfg.kg, "char", self.cfg.kg_max_entities, self.cfg.kg_min_mention, matching)
+            logger.info(f"knowledge graph {self.cfg.kg}: {len(self._kg)} subjects, mentions by {matching} matching")
         return self._kg
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         path = os.path.join(self.cfg.data, f"{split}.tsv")
-        ds = KBertDataset(
-            read_tsv(path, self.tagging),
-            self.dictionary,
-            self.label_index,
-            self.kg,
-            self.cfg.kg_inject,
-            self.cfg.max_positions,
-            self.tagging,
-            path,
-        )
+        with exit_on_data_error():
+            ds = KBertDataset(
+                read_tsv(path, self.tagging),
+                self.dictionary,
+                self.label_index,
+                self.kg,
+                self.cfg.kg_inject,
+                self.cfg.max_positions,
+                self.tagging,
+                path,
+                self.label_index.get(ENT) if self.tagging else None,
+            )
         logger.info(
             f"{path}: {len(ds)} examples, {ds.injected_tokens} injected tokens kept, {ds.dropped_branches} branches "
             f"and {ds.dropped_trunk} sentence tokens dropped (--max-positions {self.cfg.max_positions})"
@@ -118,12 +163,22 @@ class KBertClassificationTask(FairseqTask):
         self.datasets[split] = ds
         return ds
 
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's, with ``required_batch_size_multiple=1`` for the K-BERT datasets whatever the
+        flag says: this fairseq drops a last batch that is not a multiple of it (default 8), so
+        ``fairseq-validate`` would score 56 of 60 dev rows and ``fairseq-train`` would never see
+        the longest rows (the last batch of the size-sorted order). Every row counts."""
+        if isinstance(dataset, KBertDataset):
+            args, kwargs = every_row(args, kwargs)
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
     def build_model(self, cfg, from_checkpoint=False):
         pairs = has_text_b(os.path.join(self.cfg.data, "train.tsv"))
         if not from_checkpoint and getattr(cfg, "num_segments", 0) is None and pairs:
             cfg.num_segments = 2  # sentence pairs: segment embeddings (recorded in the args, so in checkpoints)
             logger.info("sentence-pair data: 2 segment embeddings (--num-segments 2)")
-        model = super().build_model(cfg, from_checkpoint)
+        with exit_on_data_error():  # a --kbert-pretrained that is missing, partial or of other sizes
+            model = super().build_model(cfg, from_checkpoint)
         if self.tagging:
             model.register_tagging_head(self.head_name, len(self.labels))
         else:
@@ -152,6 +207,24 @@ class KBertTaggingTask(KBertClassificationTask):
 
     tagging = True
     head_name = "tagging_head"
+
+
+def every_row(args: tuple, kwargs: dict):
+    """``FairseqTask.get_batch_iterator``'s arguments after the dataset with
+    ``required_batch_size_multiple=1``, given by position or by keyword."""
+    if len(args) > 4:  # positional: max_tokens, max_sentences, max_positions, ignore_invalid_inputs, multiple
+        return (*args[:4], 1, *args[5:]), kwargs
+    return args, {**kwargs, "required_batch_size_multiple": 1}
+
+
+def load_dictionary(path: str) -> Dictionary:
+    """fairseq's ``Dictionary.load``; a missing or malformed ``dict.txt`` raises :class:`DataError`."""
+    if not os.path.isfile(path):
+        raise DataError(path, 0, "dictionary not found (prep.kbert writes DATA/dict.txt)")
+    try:
+        return Dictionary.load(path)
+    except (ValueError, RuntimeError) as e:
+        raise DataError(path, 0, f"not a fairseq dict.txt ({e})") from None
 
 
 def has_text_b(tsv: str) -> bool:

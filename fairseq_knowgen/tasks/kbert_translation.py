@@ -12,7 +12,8 @@ the batches carry the soft positions and branch/mention ids the encoder needs::
     fairseq-generate DATA_BIN --user-dir fairseq_knowgen --task kbert_translation --kg raw/kg.spo --path ...
 
 Injected words missing from the source dictionary become ``<unk>``. The counts of injected and
-dropped tokens are logged per split.
+dropped tokens are logged per split. Every source counts: the tree datasets are batched with
+``--required-batch-size-multiple 1`` whatever the flag says.
 """
 
 import logging
@@ -24,6 +25,7 @@ from fairseq.tasks import register_task
 
 from ..data.kbert_dataset import KBertPairDataset
 from ..modules.knowledge_graph import INJECT_CHOICES, load_kg
+from .kbert import every_row
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,14 @@ class KBertTranslationTask(TranslationConstrainedTask):
             f"and {ds.dropped_trunk} source tokens dropped (--max-source-positions {self.cfg.max_source_positions})"
         )
         self.datasets[split] = ds
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's, with ``required_batch_size_multiple=1`` for the tree datasets whatever the flag
+        says (fairseq drops a last batch that is not a multiple, 8 by default in ``fairseq-generate``:
+        inputs would go undecoded)."""
+        if isinstance(dataset, KBertPairDataset):
+            args, kwargs = every_row(args, kwargs)
+        return super().get_batch_iterator(dataset, *args, **kwargs)
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         pair = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)

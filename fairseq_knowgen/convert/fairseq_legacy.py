@@ -117,9 +117,9 @@ def load_pretrained_part(
         the loaded tensors (name -> tensor as it was copied in)
 
     Raises:
-        DataError (a ValueError, ``source: ...``) naming the tensors of ``module`` left unloaded, the tensors under ``prefix``
-        with no place in ``module``, and the shapes that differ (of each kind the first dozen
-        and the count of the rest).
+        DataError (a ValueError, ``source: ...``) naming the tensors of ``module`` left unloaded,
+        the tensors under ``prefix`` with no place in ``module``, and the shapes that differ (of
+        each kind the first dozen and the count of the rest).
     """
     ours = module.state_dict()
     theirs = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

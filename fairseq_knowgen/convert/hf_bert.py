@@ -53,23 +53,21 @@ Every encoder tensor of BERT is used and every K-BERT encoder tensor set; anythi
 with an error naming the tensors (a dozen and the count of the rest), as does a configuration
 K-BERT's layers cannot express (relative position embeddings, a decoder or cross-attention, an
 unknown activation). The output folder is written beside ``OUT_DIR`` under a temporary name and
-renamed into place at the end: a failed conversion leaves no folder, and an earlier ``OUT_DIR``
-stays as it was until the new one is complete.
+swapped in at the end (:func:`fairseq_knowgen.textio.output_folder`): a failed conversion leaves no
+folder, and an earlier ``OUT_DIR`` stays as it was until the new one is complete (files there other
+than ``model.pt`` and ``dict.txt`` are kept).
 """
 
 import argparse
 import collections
-import contextlib
 import io
 import json
 import os
-import shutil
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, cli_entry, output_folder
 from .fairseq_legacy import some_names
 
 # BERT's special tokens -> fairseq's (the dictionary's four, then <mask> appended by the task)
@@ -85,6 +83,7 @@ FAIRSEQ_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 STAND_IN = "<bert-id-{}>"  # the dict.txt name of a BERT row whose token a dict.txt line cannot name
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_accurate", "gelu_pytorch_tanh": "gelu_accurate", "relu": "relu"}
 PREFIX = "encoder.sentence_encoder."
+OUTPUTS = ("model.pt", "dict.txt")  # what a conversion replaces in OUT_DIR (other files there are kept)
 
 
 def read_vocab_txt(path: str) -> List[str]:
@@ -281,37 +280,6 @@ def convert_state(hf: Dict[str, torch.Tensor], num_layers: int, rows: torch.Tens
     return out
 
 
-@contextlib.contextmanager
-def output_folder(out_dir: str):
-    """A temporary folder beside ``out_dir`` to write into; on success it becomes ``out_dir`` (an
-    earlier ``out_dir`` is replaced only then), on any failure it is removed."""
-    out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise DataError(out_dir, 0, "exists and is not a folder")
-    parent, name = os.path.split(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-")
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700: give it the mode a plain mkdir would
-        old = None
-        if os.path.isdir(out_dir):
-            old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")
-            os.rename(out_dir, os.path.join(old, name))
-        os.rename(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def convert(hf_dir: str, out_dir: str) -> str:
     """Write ``out_dir/model.pt`` and ``out_dir/dict.txt`` from the BERT folder ``hf_dir``."""
     from fairseq import checkpoint_utils, options
@@ -336,7 +304,7 @@ def convert(hf_dir: str, out_dir: str) -> str:
         options.get_training_parser(),
         [os.path.abspath(out_dir), "--task", "kbert_classification", "--arch", "kbert_base", *flags],
     )
-    with output_folder(out_dir) as tmp:
+    with output_folder(out_dir, owned=OUTPUTS) as tmp:  # a temporary folder beside OUT, swapped in when complete
         with open(os.path.join(tmp, "dict.txt"), "w", encoding="utf-8") as f:
             for i in range(dictionary.nspecial, len(dictionary) - 1):  # not the specials, not <mask> (the task adds it)
                 f.write(f"{dictionary[i]} 1\n")

@@ -198,3 +198,24 @@ def test_defaults_are_the_faithfulness_tables(eki_bin):
     assert EKILossConfig().eki_lambda == 0.5 and EKILossConfig().eki_concept_label == "target"
     cfg = task.cfg
     assert (cfg.eki_input_layout, cfg.eki_center_match, cfg.eki_label_unit) == ("concat", "token", "token")
+
+
+def test_a_checkpoint_is_read_with_the_data_settings_it_was_trained_with():
+    """fairseq-generate passes the checkpoint's saved task config: one saved before the options
+    existed was trained on 'C <sep> O' with lemma centers and word labels; a newer one says its own."""
+    import argparse
+
+    from omegaconf import OmegaConf
+
+    from fairseq_knowgen.data.eki_dataset import LEGACY_DATA_SETTINGS, data_settings
+    from fairseq_knowgen.tasks.eki_generation import EKIGenerationConfig
+
+    old = OmegaConf.create({"_name": "eki_generation", "data": "bin", "eki_max_distance": 64})
+    assert data_settings(old, legacy=True) == LEGACY_DATA_SETTINGS
+    assert LEGACY_DATA_SETTINGS == {"eki_input_layout": "sep", "eki_center_match": "lemma", "eki_label_unit": "word"}
+    saved = OmegaConf.create({"eki_input_layout": "concat", "eki_center_match": "token", "eki_label_unit": "word"})
+    assert data_settings(saved, legacy=True) == dict(saved)
+    args = argparse.Namespace(eki_input_layout="sep", eki_center_match="token", eki_label_unit="token")
+    assert data_settings(args, legacy=True)["eki_input_layout"] == "sep"  # a model's args (fairseq-interactive)
+    fresh = {"eki_input_layout": "concat", "eki_center_match": "token", "eki_label_unit": "token"}
+    assert data_settings(EKIGenerationConfig()) == fresh

@@ -2,6 +2,8 @@
 rows bit-identical, new rows the mean of the old ones (computed here by hand), '<mask>' kept
 on its row, tied matrices grown once, and the task dictionary written in the checkpoint's order."""
 
+import shutil
+
 import pytest
 import torch
 from conftest import run_cli
@@ -69,3 +71,30 @@ def test_task_dictionary_keeps_the_checkpoints_order(tmp_path):
     run_cli("-m", "fairseq_knowgen.convert.extend_dictionary", tmp_path, tmp_path / "task.txt", "--add", "<sep>")
     d = Dictionary.load(str(tmp_path / "task.txt"))
     assert d.symbols == specials + ["11", "7", "<mask>", "<sep>"] and d.count[4:6] == [5, 3]
+
+
+def test_released_bart_dictionary_and_gpt2_bpe(tmp_path):
+    """The released bart dict.txt (50,260 lines; a checkpoint of 50,265 rows with fairseq's four
+    specials and <mask>) grown with '<sep>': every released symbol keeps its row, '<mask>' its own,
+    '<sep>' the next, and GPT-2-encoded text lands on the released rows (stand-ins without
+    ../shared/released)."""
+    from test_convert_hf_bart import released_or_stand_in
+    from test_eki_bart_released import gpt2_bpe
+
+    encoder_json, vocab_bpe, dict_txt = released_or_stand_in(tmp_path / "bpe")
+    released = Dictionary.load(str(dict_txt))
+    folder = tmp_path / "bart"
+    folder.mkdir()
+    for f in (dict_txt, encoder_json, vocab_bpe):
+        shutil.copy(f, folder)
+    torch.save({"model": {"encoder.embed_tokens.weight": torch.zeros(len(released) + 1, 2)}}, folder / "model.pt")
+    run_cli("-m", "fairseq_knowgen.convert.extend_dictionary", folder, tmp_path / "task.txt", "--add", "<sep>")
+    d = Dictionary.load(str(tmp_path / "task.txt"))
+    n = len(released)
+    assert d.symbols[:n] == released.symbols and d[n] == "<mask>" and d[n + 1] == "<sep>" and len(d) == n + 2
+    text = "A Dog catches the Frisbee in Central Park."
+    pieces = gpt2_bpe(folder).encode(text).split()
+    ids = d.encode_line(" ".join(pieces), append_eos=False).tolist()
+    lines = [x.split()[0] for x in open(dict_txt, encoding="utf-8")]
+    assert ids == [lines.index(p) + 4 for p in pieces]  # line k of dict.txt is row k + 3 (1-based)
+    assert d.unk() not in ids and len(ids) > 5

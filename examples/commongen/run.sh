@@ -39,24 +39,37 @@
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
 #       PRETRAINED=DIR  fine-tune a released BART instead of training from scratch. DIR holds fairseq's bart.base or
-#                  bart.large (model.pt, dict.txt) with GPT-2's encoder.json and vocab.bpe beside them
-#                  (docs/pretrained_bart.md). Stage 3 encodes with fairseq's GPT-2 BPE (each side of <sep> apart, <sep>
-#                  kept whole: python -m fairseq_knowgen.prep.commongen gpt2-bpe); stage 4 binarizes with bart's
-#                  dictionary, grown with <sep> for the EKI inputs (python -m fairseq_knowgen.convert.extend_dictionary:
-#                  bart's rows and <mask> kept, <sep> a new row, the mean of bart's); stage 5 fine-tunes ARCH=eki_bart_large (default;
-#                  or eki_bart_base: EKI-BART on INPUT=eki with eki_generation and eki_label_smoothed_cross_entropy) or
-#                  ARCH=bart_dimattn_large/base (BART+DimAttn on INPUT=concepts) with the settings of fairseq's BART
-#                  fine-tuning example (examples/bart/README.summarization.md):
-#                    --finetune-from-model DIR/model.pt (= --restore-file with --reset-optimizer --reset-dataloader
-#                    --reset-meters --reset-lr-scheduler on the first launch; a rerun resumes checkpoint_last.pt)
-#                    --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed
-#                    --label-smoothing 0.1 --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.01
-#                    --optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-08 --clip-norm 0.1
-#                    --lr-scheduler polynomial_decay --lr 3e-05 --warmup-updates 500 --total-num-update MAX_UPDATE
-#                    --max-tokens 2048 --update-freq 4 (fairseq's example: 8 GPUs; on 1 GPU UPDATE_FREQ=32 keeps
-#                    its batch) --fp16 (on CUDA) --skip-invalid-size-inputs-valid-test --find-unused-parameters
-#                  Defaults then: LR=3e-05 WARMUP=500 DROPOUT=0.1 MAX_TOKENS=2048 UPDATE_FREQ=4 MAX_UPDATE=20000
-#                  MINUTES=0 (no time limit); stage 6 decodes with --bpe gpt2. CONSTRAINTS=1 is not available here.
+#                  bart.large (model.pt, dict.txt) with GPT-2's encoder.json and vocab.bpe beside them, or the folder
+#                  python -m fairseq_knowgen.convert.hf_bart HF_DIR DIR writes from a HuggingFace BART
+#                  (docs/pretrained_bart.md). BART reads the text as it was pretrained on it: stage 1 keeps CommonGen's
+#                  raw cased text (prep.commongen --text raw: no Moses tokenization, no lower-casing; WikiText
+#                  prototypes detokenized), stage 3 encodes it with fairseq's GPT-2 BPE (each run between <sep> and the
+#                  package's other symbols apart, the symbols kept whole: python -m fairseq_knowgen.prep.commongen
+#                  gpt2-bpe); stage 4 binarizes with bart's dictionary, grown with <sep> for the EKI inputs
+#                  (python -m fairseq_knowgen.convert.extend_dictionary: bart's rows and <mask> kept, <sep> a new
+#                  row, the mean of bart's); stage 7 scores as for the other rows (Moses-detokenized, the metrics
+#                  lower-case and tokenize), so the numbers stay comparable.
+#                  ARCH=eki_bart_large (default; or eki_bart_base): EKI-BART on INPUT=eki with eki_generation and
+#                  eki_label_smoothed_cross_entropy, with the authors' released settings (LibertFan/EKI-BART,
+#                  src/train2.sh and README; docs/methods/eki.md):
+#                    fine-tuning: --finetune-from-model DIR/model.pt, label smoothing 0.1, lambda 0.5 (the criterion's
+#                    default), dropout and attention dropout 0.1, weight decay 0.01, Adam (0.9, 0.999) eps 1e-08,
+#                    clip-norm 0.1, polynomial decay from lr 5e-3 after 500 warm-up updates to 5,000 updates, at most
+#                    10 epochs, 1,024 tokens x update-freq 1, fp32 (their FP16 is off)
+#                    defaults: LR=5e-3 WARMUP=500 DROPOUT=0.1 MAX_TOKENS=1024 UPDATE_FREQ=1 MAX_UPDATE=5000
+#                    MAX_EPOCH=10 FP16=0 MINUTES=0 (no time limit)
+#                    decoding (their generate2.py / README): beam 5, --lenpen 0 --min-len 3 --max-len-a 0
+#                    --max-len-b 24 --no-repeat-ngram-size 3 (LENPEN=0 MIN_LEN=3 MAX_LEN=24 NO_REPEAT=3; their
+#                    script's own default is 32, the README's command 24)
+#                  ARCH=bart_dimattn_large/base: BART+DimAttn on INPUT=concepts, with fairseq's BART fine-tuning
+#                  example's settings (examples/bart/README.summarization.md; no released code for DimAttn):
+#                    lr 3e-05, 2,048 tokens x update-freq 4 (8 GPUs; UPDATE_FREQ=32 on one), 20,000 updates, fp16 on
+#                    CUDA, plain beam; defaults LR=3e-05 WARMUP=500 DROPOUT=0.1 MAX_TOKENS=2048 UPDATE_FREQ=4
+#                    MAX_UPDATE=20000 MINUTES=0
+#                  Both: --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed
+#                  --skip-invalid-size-inputs-valid-test --find-unused-parameters; stage 6 decodes with --bpe gpt2.
+#                  CONSTRAINTS=1 is not available here. A raw/ of the other text form (a from-scratch run's OUT) is
+#                  refused at stage 3: give PRETRAINED runs their own OUT_DIR.
 #   Examples:
 #       bash examples/commongen/run.sh                                   # transformer on concepts
 #       PRETRAINED=bart.large bash examples/commongen/run.sh              # EKI-BART (eki_bart_large)
@@ -72,21 +85,30 @@ OUT=$(realpath -m "${2:-$ROOT/work/commongen}")
 CORPUS_OOD=$(realpath -m "${3:-$ROOT/../shared/data/wikitext-2/valid.txt}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 PRETRAINED=${PRETRAINED:+$(realpath -m "$PRETRAINED")}
-if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task and criterion
+TEXT=moses  # stage 1's text form: moses (lower-cased, Moses-tokenized) for the from-scratch models, raw for BART
+if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task, criterion and settings
   for f in model.pt dict.txt encoder.json vocab.bpe; do
     [ -f "$PRETRAINED/$f" ] || { echo "PRETRAINED=$PRETRAINED has no $f (docs/pretrained_bart.md)"; exit 2; }
   done
   [ "${CONSTRAINTS:-0}" = 0 ] || { echo "CONSTRAINTS=1 is not available with PRETRAINED"; exit 2; }
+  TEXT=raw
   GPT2_ARGS="--gpt2-encoder-json $PRETRAINED/encoder.json --gpt2-vocab-bpe $PRETRAINED/vocab.bpe"
   ARCH=${ARCH:-eki_bart_large}; NAME=${NAME:-$ARCH}
   case $ARCH in
     eki_bart_*) INPUT=${INPUT:-eki}; CRITERION=${CRITERION:-eki_label_smoothed_cross_entropy}
-      TASK_ARGS=${TASK_ARGS:-"--task eki_generation --eki-gpt2-encoder-json $PRETRAINED/encoder.json"} ;;
-    bart_*) INPUT=${INPUT:-concepts} ;;
+      TASK_ARGS=${TASK_ARGS:-"--task eki_generation --eki-gpt2-encoder-json $PRETRAINED/encoder.json"}
+      # the authors' released fine-tuning (src/train2.sh) and decoding (src/generate2.py, README) settings
+      LR=${LR:-5e-3}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.1}; MAX_TOKENS=${MAX_TOKENS:-1024}
+      UPDATE_FREQ=${UPDATE_FREQ:-1}; MAX_UPDATE=${MAX_UPDATE:-5000}; MAX_EPOCH=${MAX_EPOCH:-10}; FP16=${FP16:-0}
+      GEN_ARGS="--lenpen ${LENPEN:-0} --min-len ${MIN_LEN:-3} --max-len-a 0 --max-len-b ${MAX_LEN:-24}"
+      GEN_ARGS="$GEN_ARGS --no-repeat-ngram-size ${NO_REPEAT:-3}" ;;
+    bart_*) INPUT=${INPUT:-concepts}
+      # fairseq's BART fine-tuning example (examples/bart/README.summarization.md)
+      LR=${LR:-3e-05}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.1}; MAX_TOKENS=${MAX_TOKENS:-2048}
+      UPDATE_FREQ=${UPDATE_FREQ:-4}; MAX_UPDATE=${MAX_UPDATE:-20000} ;;
     *) echo "PRETRAINED needs a BART architecture (eki_bart_large, bart_dimattn_large...), not ARCH=$ARCH"; exit 2 ;;
   esac
-  LR=${LR:-3e-05}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.1}; MAX_TOKENS=${MAX_TOKENS:-2048}
-  UPDATE_FREQ=${UPDATE_FREQ:-4}; MAX_UPDATE=${MAX_UPDATE:-20000}; MINUTES=${MINUTES:-0}
+  MINUTES=${MINUTES:-0}
   BPE_DECODE_ARGS="--bpe gpt2 $GPT2_ARGS"
 fi
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
@@ -117,7 +139,7 @@ fi
 
 if stage 1; then
   echo "== stage 1: prepare $DATA -> $OUT/raw"
-  $PY -m fairseq_knowgen.prep.commongen --data "$DATA" --out "$OUT/raw"
+  $PY -m fairseq_knowgen.prep.commongen --data "$DATA" --out "$OUT/raw" --text "$TEXT"
 fi
 [ "$STOP_STAGE" -lt 2 ] || require_stage1
 if stage 2; then
@@ -130,12 +152,16 @@ if stage 2; then
       --corpus "$OUT/raw/train.tgt" --corpus-keys "$OUT/raw/train.src" "${opts[@]}" \
       | tee "$OUT/raw/$split.proto.json"
     $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
-      --corpus "$CORPUS_OOD" --plain-text | tee "$OUT/raw/$split.proto-ood.json"
+      --corpus "$CORPUS_OOD" --plain-text --text "$TEXT" | tee "$OUT/raw/$split.proto-ood.json"
     paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki.src"
     paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto-ood" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki-ood.src"
   done
 fi
 if stage 3; then
+  # raw/ from before the text forms is Moses text
+  made=$(cat "$OUT/raw/text" 2>/dev/null || echo moses)
+  [ "$made" = "$TEXT" ] || { echo "$OUT/raw holds $made text, this run needs $TEXT (PRETRAINED: raw):" \
+    "rerun from stage 1 or give another OUT_DIR"; exit 2; }
   # shellcheck disable=SC2046
   if [ -n "$PRETRAINED" ]; then
     echo "== stage 3: GPT-2 BPE of $PRETRAINED (fairseq's encoder, <sep> kept whole) -> $OUT/bpe"

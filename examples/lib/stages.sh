@@ -142,11 +142,12 @@ stage_train() {
 # architecture, DATA_BIN binarized with its dictionary) with the settings of fairseq's BART fine-tuning example
 # (examples/bart/README.summarization.md): polynomial decay to MAX_UPDATE (--total-num-update) after WARMUP, adam
 # (0.9, 0.999) eps 1e-08, weight decay 0.01, clip-norm 0.1, dropout DROPOUT and attention dropout 0.1, UPDATE_FREQ
-# (default 1), --fp16 on CUDA. --finetune-from-model is --restore-file with the four --reset-* flags on the first
-# launch, and resumes checkpoint_last.pt when rerun (--restore-file would start over from CHECKPOINT).
+# (default 1), MAX_EPOCH (default 0: no limit), --fp16 on CUDA unless FP16=0. --finetune-from-model is --restore-file
+# with the four --reset-* flags on the first launch, and resumes checkpoint_last.pt when rerun (--restore-file would
+# start over from CHECKPOINT).
 stage_finetune() {
   local fp16=""
-  [ "$DEVICE_ARGS" = --cpu ] || fp16=--fp16
+  [ "$DEVICE_ARGS" = --cpu ] || [ "${FP16:-1}" = 0 ] || fp16=--fp16
   # shellcheck disable=SC2086
   train_logged "$RUN" "$DATA_BIN" --seed "$SEED" $TASK_ARGS --arch "$ARCH" $ARCH_ARGS \
     --finetune-from-model "$1" --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed \
@@ -154,8 +155,8 @@ stage_finetune() {
     --optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-08 --clip-norm 0.1 \
     --lr-scheduler polynomial_decay --lr "$LR" --total-num-update "$MAX_UPDATE" --warmup-updates "$WARMUP" \
     --update-freq "${UPDATE_FREQ:-1}" --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" \
-    --stop-time-hours "$(hours "$MINUTES")" --skip-invalid-size-inputs-valid-test --find-unused-parameters \
-    --log-interval 100 $fp16 $TRAIN_ARGS
+    --max-epoch "${MAX_EPOCH:-0}" --stop-time-hours "$(hours "$MINUTES")" --skip-invalid-size-inputs-valid-test \
+    --find-unused-parameters --log-interval 100 $fp16 $TRAIN_ARGS
 }
 
 # stage_generate SUBSET OUTFILE: fairseq-generate with beam $BEAM from checkpoint_$CHECKPOINT.pt; CONSTRAINTS=1 adds

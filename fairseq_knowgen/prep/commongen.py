@@ -5,19 +5,30 @@ Input: ``commongen.{train,dev}.src_alpha.txt`` (space-separated concepts) and
 of one concept set stand on consecutive lines with the same source; each group becomes one
 evaluation input.
 
-Output (``--out``), all lower-cased and Moses-tokenized:
+Output (``--out``), in one of two text forms (``--text``):
+
+- ``moses`` (default; the from-scratch models, whose BPE is learned on this text): lower-cased and
+  Moses-tokenized (``a grilled pizza with chicken , broccoli and cheese .``);
+- ``raw``: the text as released, cased and untokenized (whitespace runs made one space), for
+  BART, which was pretrained on raw cased text through GPT-2's byte-level BPE (fairseq's own BART
+  fine-tuning examples feed raw text); the concepts keep their case too.
+
+Files:
 
 - ``train.{src,tgt}``: every training pair;
 - ``valid.{src,tgt}``: one line per dev concept set (target: its first reference, for the
-  validation loss), ``valid.refs.jsonl``: all its references (lower-cased, untokenized),
+  validation loss), ``valid.refs.jsonl``: all its references (lower-cased, untokenized, in both
+  text forms: the metrics lower-case and tokenize themselves, so scores stay comparable),
   ``valid.concepts``: the concepts, ``|``-separated, for the coverage metric;
 - ``test.*`` the same for ``commongen.test.*`` when the data folder has them (references
   optional: the official test set ships without them);
-- ``eval_splits``: the evaluation splits written.
+- ``eval_splits``: the evaluation splits written; ``text``: the text form.
 
-    python -m fairseq_knowgen.prep.commongen --data ../shared/data/commongen --out OUT
+    python -m fairseq_knowgen.prep.commongen --data ../shared/data/commongen --out OUT [--text raw]
 
-GPT-2 BPE for BART (``examples/commongen/run.sh`` with ``PRETRAINED=DIR``), ``<sep>`` kept whole::
+GPT-2 BPE for BART (``examples/commongen/run.sh`` with ``PRETRAINED=DIR``): the text as it is
+(raw text above), ``<sep>`` and the package's other symbols (``<ent-K>``, ``<unk-N>``) kept whole
+between the encoded runs::
 
     python -m fairseq_knowgen.prep.commongen gpt2-bpe --encoder-json DIR/encoder.json \
         --vocab-bpe DIR/vocab.bpe --in-dir OUT/raw --out-dir OUT/bpe train.src train.eki.src ...
@@ -44,21 +55,28 @@ def group_consecutive(src: List[str], tgt: List[str]) -> List[Tuple[str, List[st
     return groups
 
 
-def prepare(data: str, out: str, dev_name: str = "dev") -> List[str]:
-    """Write the splits; returns the evaluation splits written (also in ``OUT/eval_splits``):
-    ``valid``, and ``test`` when ``commongen.test.src_alpha.txt`` exists (its references
-    ``commongen.test.tgt.txt`` are optional: without them the recipe generates but cannot score)."""
+TEXT_FORMS = ("moses", "raw")
+
+
+def prepare(data: str, out: str, dev_name: str = "dev", text: str = "moses") -> List[str]:
+    """Write the splits in the text form ``text`` (``moses`` or ``raw``, see the module docstring);
+    returns the evaluation splits written (also in ``OUT/eval_splits``): ``valid``, and ``test``
+    when ``commongen.test.src_alpha.txt`` exists (its references ``commongen.test.tgt.txt`` are
+    optional: without them the recipe generates but cannot score)."""
+    if text not in TEXT_FORMS:
+        raise ValueError(f"text must be one of {TEXT_FORMS}, got {text!r}")
     ensure_dir(out)
     src, tgt = read_parallel(*split_paths(data, "train"), what="CommonGen train")
-    write_lines(f"{out}/train.src", (normalize_concepts(s) for s in src))
-    write_lines(f"{out}/train.tgt", (moses_tokenize(t) for t in tgt))
+    write_lines(f"{out}/train.src", (normalize_concepts(s, text) for s in src))
+    write_lines(f"{out}/train.tgt", (normalize_sentence(t, text) for t in tgt))
     splits = ["valid"]
-    write_eval_split(out, "valid", *split_paths(data, dev_name))
+    write_eval_split(out, "valid", *split_paths(data, dev_name), text=text)
     test_src, test_tgt = split_paths(data, "test")
     if os.path.isfile(test_src):
-        write_eval_split(out, "test", test_src, test_tgt if os.path.isfile(test_tgt) else None)
+        write_eval_split(out, "test", test_src, test_tgt if os.path.isfile(test_tgt) else None, text=text)
         splits.append("test")
     write_lines(f"{out}/eval_splits", splits)
+    write_lines(f"{out}/text", [text])
     return splits
 
 
@@ -66,20 +84,27 @@ def split_paths(data: str, name: str) -> Tuple[str, str]:
     return os.path.join(data, f"commongen.{name}.src_alpha.txt"), os.path.join(data, f"commongen.{name}.tgt.txt")
 
 
-def normalize_concepts(line: str) -> str:
-    return " ".join(line.lower().split())
+def normalize_concepts(line: str, text: str = "moses") -> str:
+    """The concepts one space apart; lower-cased for ``moses``, as given for ``raw``."""
+    return " ".join((line.lower() if text == "moses" else line).split())
 
 
-def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str]):
+def normalize_sentence(line: str, text: str = "moses") -> str:
+    """A sentence lower-cased and Moses-tokenized (``moses``) or as released (``raw``: cased,
+    untokenized, whitespace runs made one space)."""
+    return moses_tokenize(line) if text == "moses" else " ".join(line.split())
+
+
+def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str], text: str = "moses"):
     """One line per concept set (consecutive lines with the same source are one set)."""
     if tgt_path is None:
         src = read_lines(src_path, f"CommonGen {split} concepts", allow_empty_lines=False)
         tgt = [""] * len(src)
     else:
         src, tgt = read_parallel(src_path, tgt_path, what=f"CommonGen {split}")
-    groups = group_consecutive([normalize_concepts(s) for s in src], tgt)
+    groups = group_consecutive([normalize_concepts(s, text) for s in src], tgt)
     write_lines(f"{out}/{split}.src", (g[0] for g in groups))
-    write_lines(f"{out}/{split}.tgt", (moses_tokenize(g[1][0]) for g in groups))
+    write_lines(f"{out}/{split}.tgt", (normalize_sentence(g[1][0], text) for g in groups))
     if tgt_path is not None:
         write_jsonl(f"{out}/{split}.refs.jsonl", ([" ".join(r.lower().split()) for r in g[1]] for g in groups))
     elif os.path.exists(f"{out}/{split}.refs.jsonl"):
@@ -91,8 +116,9 @@ def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str
 
 def gpt2_bpe(encoder_json: str, vocab_bpe: str, in_dir: str, out_dir: str, names: List[str]) -> None:
     """``in_dir/NAME`` -> ``out_dir/NAME`` through fairseq's GPT-2 BPE (``--bpe gpt2``: GPT-2 ids,
-    BART's dictionaries), each side of ``<sep>`` encoded apart with ``<sep>`` kept whole between
-    them (:func:`~fairseq_knowgen.data.eki_dataset.encode_source`)."""
+    BART's dictionaries), the text as it is (no tokenization, no lower-casing), each run between
+    ``<sep>`` (or ``<ent-K>``, ``<unk-N>``) encoded apart, the symbol kept whole between them
+    (:func:`~fairseq_knowgen.data.eki_dataset.encode_source`): GPT-2's decoder gives the text back."""
     from fairseq.data.encoders.gpt2_bpe import GPT2BPE, GPT2BPEConfig
 
     bpe = GPT2BPE(GPT2BPEConfig(gpt2_encoder_json=encoder_json, gpt2_vocab_bpe=vocab_bpe))
@@ -120,8 +146,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="folder with the raw CommonGen files")
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--text",
+        choices=TEXT_FORMS,
+        default="moses",
+        help="moses: lower-cased, Moses-tokenized (the from-scratch recipe); raw: cased, untokenized (BART)",
+    )
     a = p.parse_args(argv)
-    prepare(a.data, a.out)
+    prepare(a.data, a.out, text=a.text)
 
 
 if __name__ == "__main__":

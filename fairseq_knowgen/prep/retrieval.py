@@ -1,4 +1,5 @@
-"""Prototype retrieval for retrieve-and-edit generation (EKI, ``shared/seeds/eki_bart.txt``).
+"""Prototype retrieval for retrieve-and-edit generation (EKI: "An Enhanced Knowledge Injection Model for
+Commonsense Generation").
 
 For each concept set, the best prototype sentence of a text corpus: BM25 (``bm25s``) over
 the corpus with the concepts as the query gives ``--candidates`` sentences, which are
@@ -18,7 +19,8 @@ Corpora:
   of their answers and the model learns to copy prototypes (``--overlap-report`` prints the
   distribution of the closest-set overlap, to choose K);
 - out-of-domain: any plain text, one sentence or paragraph a line (WikiText's ``= Heading =``
-  lines are dropped and paragraphs are split into sentences).
+  lines are dropped and paragraphs are split into sentences), in the targets' text form
+  (``--text moses``: lower-cased, Moses-tokenized; ``--text raw``: cased, detokenized, for BART).
 
     python scripts/retrieve_prototypes.py --queries RAW/valid.src --out RAW/valid.proto \\
         --corpus RAW/train.tgt --corpus-keys RAW/train.src       # in-domain
@@ -43,10 +45,19 @@ def concept_key(concepts: str) -> str:
     return " ".join(sorted(concepts.split()))
 
 
-def split_plain_text(lines: Sequence[str], min_words: int = 5, max_words: int = 40) -> List[str]:
-    """Sentences of a plain-text corpus, lower-cased and tokenized like the targets."""
+def split_plain_text(lines: Sequence[str], min_words: int = 5, max_words: int = 40, text: str = "moses") -> List[str]:
+    """Sentences of a plain-text corpus in the targets' text form: lower-cased and Moses-tokenized
+    (``moses``), or cased and untokenized (``raw``, for BART: WikiText's tokenization undone with
+    Moses' detokenizer, ``The game 's plot`` -> ``The game's plot``)."""
     from ..text import moses_tokenize
 
+    if text not in ("moses", "raw"):
+        raise ValueError(f"text must be moses or raw, got {text!r}")
+    detok = None
+    if text == "raw":
+        from sacremoses import MosesDetokenizer
+
+        detok = MosesDetokenizer(lang="en")
     out = []
     for line in lines:
         line = line.strip()
@@ -56,7 +67,7 @@ def split_plain_text(lines: Sequence[str], min_words: int = 5, max_words: int = 
         for sent in re.split(r"(?<=[.!?])\s+", line):
             n = len(sent.split())
             if min_words <= n <= max_words and "<unk>" not in sent:  # WikiText's own unknown-word mark
-                out.append(moses_tokenize(sent))
+                out.append(moses_tokenize(sent) if detok is None else detok.detokenize(sent.split()))
     return out
 
 
@@ -222,6 +233,13 @@ def main(argv=None):
         "has as target is never its prototype",
     )
     p.add_argument("--plain-text", action="store_true", help="the corpus is running text: split into sentences")
+    p.add_argument(
+        "--text",
+        choices=("moses", "raw"),
+        default="moses",
+        help="--plain-text sentences lower-cased and Moses-tokenized (moses, the from-scratch recipe) or cased and "
+        "untokenized (raw, BART)",
+    )
     p.add_argument("--out", required=True, help="prototype per query line")
     p.add_argument("--candidates", type=int, default=30, help="BM25 candidates re-ranked by concept coverage")
     p.add_argument(
@@ -249,7 +267,7 @@ def main(argv=None):
         corpus, keys = in_domain_corpus(corpus, key_lines)
     else:
         corpus = read_lines(a.corpus, "corpus")
-        corpus = split_plain_text(corpus) if a.plain_text else corpus
+        corpus = split_plain_text(corpus, text=a.text) if a.plain_text else corpus
     retriever = PrototypeRetriever(corpus, keys)
     found = retriever.retrieve(queries, a.candidates, a.threads, max_shared=a.max_shared_concepts)
     with atomic_write(a.out) as f:

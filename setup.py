@@ -19,6 +19,14 @@ setup(
         "rouge-score",
         "pycocoevalcap",
         "simplemma",
+        "bm25s",  # prep.retrieval: EKI's BM25 prototypes
+        "scipy",  # prep.retrieval: the TF-IDF matrices
+        "scikit-learn",  # evaluation.kbert_floors: the TF-IDF baseline
     ],
+    # pip install -e ".[convert,recipes]": none of them pulls another torch
+    extras_require={
+        "convert": ["transformers"],  # convert.hf_bert / hf_bart / hf_gpt2: read HuggingFace checkpoint folders
+        "recipes": ["seqeval", "matplotlib"],  # scripts/kbert_score.py (strict IOB2 F1), the coverage plots
+    },
     entry_points={"console_scripts": ["knowgen-evaluate=fairseq_knowgen.evaluation.cli:main"]},
 )

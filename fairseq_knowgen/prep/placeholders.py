@@ -34,6 +34,11 @@ numbers as in fairseq-generate's, and puts back source word N of line ``id`` for
           --buffer-size 64 --batch-size 16 \\
       | python -m fairseq_knowgen.prep.placeholders restore --src raw.src > out.txt
 
+``encode`` writes ``dict.txt`` and the encoded splits into a temporary folder that replaces
+``--out-dir`` only once all are written (other files there are kept; see
+:func:`fairseq_knowgen.textio.output_folder`); the other commands replace their ``--out`` file
+only when it is complete.
+
 ``-`` (the default of ``--input``, ``--gen`` and ``--out``) is standard input or output, read
 and written line by line. The restore step needs the raw source lines as a file because
 fairseq-interactive prints the *encoded* source (``S-`` lines show ``<unk-N>``, not the word).

@@ -117,6 +117,9 @@ def describe_load_error(err: BaseException) -> str:
     """What ``torch.load``'s exception ``err`` says about the file, in one line."""
     text = str(err)
     first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else type(err).__name__
+    not_pickle = re.search(r"Unsupported operand \d+|invalid load key[^,.]*", text)
+    if "Weights only load failed" in text and not_pickle:  # bytes no pickle starts with: not a torch file at all
+        return f"cannot be read: not a torch checkpoint ({not_pickle.group(0)})"
     if "Weights only load failed" in text:
         refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
         what = f"the Python object {refused.group(1)}" if refused else "a Python object"

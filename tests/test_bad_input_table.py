@@ -106,7 +106,109 @@ DICTS = {"data/dict.src.txt": "a 1\nb 1\n", "data/dict.tgt.txt": "a 1\nb 1\n"}
 AVERAGE = ["checkpoint_average", "--dir", "{t}/ck", "--last", "2", "--out", "{t}/avg.pt"]
 OLD_AVG = {"avg.pt": b"earlier average"}
 
+# prep.commongen: the raw CommonGen files; an earlier raw/ with a later stage's file that must survive
+CG = {"cg/commongen.train.src_alpha.txt": "dog run\ncat sit\n", "cg/commongen.train.tgt.txt": "a dog runs\na cat sits\n",
+      "cg/commongen.dev.src_alpha.txt": "dog run\n", "cg/commongen.dev.tgt.txt": "a dog runs\n"}  # fmt: skip
+OLD_RAW = {"raw/train.src": "old\n", "raw/train.tgt": "old\n", "raw/valid.src": "old\n", "raw/valid.proto": "p\n"}
+COMMONGEN = ["prep.commongen", "--data", "{t}/cg", "--out", "{t}/raw"]
+# prep.kbert: a classification and a tagging task
+KB = {"kb/train.tsv": "label\ttext_a\n0\t今天很好\n1\t不好\n", "kb/dev.tsv": "label\ttext_a\n0\t很好\n"}
+KBT = {"kbt/train.tsv": "text_a\tlabel\n今 天\tB-X I-X\n", "kbt/dev.tsv": "text_a\tlabel\n今 天\tB-X O\n"}
+OLD_KB = {"kbo/data/train.tsv": "old\n", "kbo/data/dict.txt": "a 1\n", "kbo/mlm/train.txt": "old\n"}
+KBERT = ["prep.kbert", "--out", "{t}/kbo", "--data"]
+# prep.retrieval
+RETR = {"q.txt": "dog run\ncat sit\n", "c.txt": "a dog runs\na cat sits\n", "k.txt": "dog run\ncat sit\n"}
+RETRIEVE = ["prep.retrieval", "--queries", "{t}/q.txt", "--out", "{t}/proto.txt", "--corpus"]
+OLD_PROTO = {"proto.txt": "earlier prototypes\n"}
+
 CASES = [
+    # prep.commongen: every split read and checked before raw/ is replaced; a later stage's files kept
+    Case(
+        "commongen-train-line-mismatch",
+        COMMONGEN,
+        "{t}/cg/commongen.train.tgt.txt:2: line-count mismatch",
+        {**CG, **OLD_RAW, "cg/commongen.train.tgt.txt": "a dog runs\n"},
+        ["raw"],
+    ),
+    Case(
+        "commongen-dev-line-mismatch-leaves-train-as-it-was",
+        COMMONGEN,
+        "{t}/cg/commongen.dev.src_alpha.txt:2: line-count mismatch",
+        {**CG, **OLD_RAW, "cg/commongen.dev.tgt.txt": "a dog runs\nx\n"},
+        ["raw"],
+    ),
+    Case(
+        "commongen-dev-missing",
+        COMMONGEN,
+        "{t}/cg/commongen.dev.src_alpha.txt: CommonGen valid file not found",
+        {k: v for k, v in {**CG, **OLD_RAW}.items() if k != "cg/commongen.dev.src_alpha.txt"},
+        ["raw"],
+    ),
+    Case(
+        "commongen-dev-bad-utf8",
+        COMMONGEN,
+        "{t}/cg/commongen.dev.src_alpha.txt:2: not valid UTF-8",
+        {**CG, **OLD_RAW, "cg/commongen.dev.src_alpha.txt": b"dog run\n\xff\n", "cg/commongen.dev.tgt.txt": "a\nb\n"},
+        ["raw"],
+    ),
+    Case(
+        "commongen-file-in-place-of-out",
+        COMMONGEN,
+        "{t}/raw: a file is in the way of the output folder",
+        {**CG, "raw": "a file\n"},
+        ["raw"],
+    ),
+    # prep.kbert: the TSVs and the KG checked before data/, kg/ and mlm/ are replaced
+    Case(
+        "kbert-dev-row-short-of-a-column",
+        KBERT + ["{t}/kb"],
+        "{t}/kb/dev.tsv:3: 1 TAB-separated column(s), the header has 2",
+        {**KB, **OLD_KB, "kb/dev.tsv": "label\ttext_a\n0\t很好\n1\n"},
+        ["kbo"],
+    ),
+    Case(
+        "kbert-kg-line-of-two-fields",
+        KBERT + ["{t}/kb", "--kg", "{t}/kg.spo"],
+        "{t}/kg.spo:2: expected subject<TAB>predicate<TAB>object, found 2 field(s)",
+        {**KB, **OLD_KB, "kg.spo": "今天\t是\t好\n今天\t是\n"},
+        ["kbo"],
+    ),
+    Case(
+        "kbert-tags-shorter-than-tokens",
+        KBERT + ["{t}/kbt", "--tagging"],
+        "{t}/kbt/dev.tsv:2: 2 tokens but 1 tags",
+        {**KBT, **OLD_KB, "kbt/dev.tsv": "text_a\tlabel\n今 天\tB-X\n"},
+        ["kbo"],
+    ),
+    Case(
+        "kbert-dev-tag-unseen-in-training",
+        KBERT + ["{t}/kbt", "--tagging"],
+        "{t}/kbt/dev.tsv:2: tag 'B-Y' is not among the training tags (B-X, I-X)",
+        {**KBT, **OLD_KB, "kbt/dev.tsv": "text_a\tlabel\n今 天\tB-Y I-X\n"},
+        ["kbo"],
+    ),
+    Case(
+        "kbert-header-without-text-a",
+        KBERT + ["{t}/kbt", "--tagging"],
+        "{t}/kbt/train.tsv:1: header must name the columns 'label' and 'text_a'",
+        {**KBT, **OLD_KB, "kbt/train.tsv": "text\tlabel\n今 天\tB-X I-X\n"},
+        ["kbo"],
+    ),
+    # prep.retrieval
+    Case(
+        "retrieval-corpus-missing",
+        RETRIEVE + ["{t}/nope.txt"],
+        "{t}/nope.txt: corpus file not found",
+        {**RETR, **OLD_PROTO},
+        ["proto.txt"],
+    ),
+    Case(
+        "retrieval-corpus-keys-misaligned",
+        RETRIEVE + ["{t}/c.txt", "--corpus-keys", "{t}/k.txt"],
+        "{t}/k.txt:2: line-count mismatch",
+        {**RETR, **OLD_PROTO, "k.txt": "dog run\n"},
+        ["proto.txt"],
+    ),
     # prep.webnlg: XML and triples
     Case(
         "webnlg-bad-xml-train",
@@ -516,7 +618,7 @@ def _run(argv: List[str]):
 
 
 def test_the_table_is_large_enough():
-    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+    assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -136,7 +136,7 @@ if stage 2; then
   mkdir -p "$OUT/bpe" "$OUT/bin"
   if [ -z "$LM_PATH" ]; then
     echo "== stage 2: BPE ($BPE_OPS merges) -> $OUT/bpe; binarize -> $OUT/bin/{lm,judge,gen}"
-    $BIN/subword-nmt learn-bpe -s "$BPE_OPS" < "$OUT/raw/train.txt" > "$OUT/bpe/codes" 2> "$OUT/bpe/learn.log"
+    into "$OUT/bpe/codes" $BIN/subword-nmt learn-bpe -s "$BPE_OPS" --input "$OUT/raw/train.txt" 2> "$OUT/bpe/learn.log"
     dict=()
   else
     echo "== stage 2: the LM's BPE ($LM_BPE, $LM_DIR) -> $OUT/bpe; binarize with its dict.txt -> $OUT/bin/{lm,judge,gen}"
@@ -147,7 +147,7 @@ if stage 2; then
     $PY -m fairseq_knowgen.prep.cocon gpt2-bpe --gpt2-dir "$LM_DIR" --raw "$OUT/raw" --out "$OUT/bpe" $FILES
   else
     for f in $FILES; do
-      $BIN/subword-nmt apply-bpe -c "$CODES" --glossaries '<sep>' '<prompt>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
+      into "$OUT/bpe/$f" $BIN/subword-nmt apply-bpe -c "$CODES" --glossaries '<sep>' '<prompt>' --input "$OUT/raw/$f"
     done
   fi
   rm -rf "$OUT/bin/lm" "$OUT/bin/judge" "$OUT/bin/sent" "$OUT/bin/gen"
@@ -208,7 +208,8 @@ if stage 6; then
     $BIN/fairseq-generate "$OUT/bin/gen" --user-dir fairseq_knowgen --task cocon_generation --gen-subset "$subset" \
       --path "$RUN/checkpoints/checkpoint_best.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
       --cocon-fixed-len "$FIXED_LEN" --max-len-a 0 --max-len-b "$len" --batch-size 64 --seed "$GEN_SEED" \
-      $DECODE "$@" $DEVICE_ARGS > "$out.part" 2> "$out.log" || { echo "fairseq-generate failed: see $out.log"; return 1; }
+      $DECODE "$@" $DEVICE_ARGS > "$out.part" 2> "$out.log" \
+      || { rm -f "$out.part"; echo "fairseq-generate failed: see $out.log"; return 1; }
     mv "$out.part" "$out"
   }
   for set in $SETS; do

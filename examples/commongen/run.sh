@@ -132,6 +132,8 @@ mkdir -p "$OUT"
 # trigram blocker, +0.7 with constraints and the blocker over stages.sh's 1e-3 / 1,000 / 0.2
 LR=${LR:-2e-3}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.3}
 . "$ROOT/examples/lib/stages.sh"
+# paste_sep A B: line i of A, " <sep> ", line i of B (EKI's source: concepts <sep> prototype)
+paste_sep() { paste -d '\t' "$1" "$2" | sed 's/\t/ <sep> /'; }
 if [ "$CONSTRAINT_FORM" = prototype ]; then  # its own constraint file and outputs: SPLIT.cons-prototype[.DECODE_NAME].out
   CONS=".cons-prototype${CONS#.cons}"
   GEN_ARGS="${GEN_ARGS:-} --constraints-from cons-prototype"  # after stage_generate's --constraints-from cons: wins
@@ -153,8 +155,10 @@ if stage 2; then
       | tee "$OUT/raw/$split.proto.json"
     $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
       --corpus "$CORPUS_OOD" --plain-text --text "$TEXT" | tee "$OUT/raw/$split.proto-ood.json"
-    paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki.src"
-    paste -d '\t' "$OUT/raw/$split.src" "$OUT/raw/$split.proto-ood" | sed 's/\t/ <sep> /' > "$OUT/raw/$split.eki-ood.src"
+    for p in proto proto-ood; do
+      same_lines "$OUT/raw/$split.src" "$OUT/raw/$split.$p"
+      into "$OUT/raw/$split.eki${p#proto}.src" paste_sep "$OUT/raw/$split.src" "$OUT/raw/$split.$p"
+    done
   done
 fi
 if stage 3; then

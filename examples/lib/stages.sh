@@ -48,6 +48,35 @@ require_file() {
 # require_stage1: stop (exit 2) when a later stage runs before stage 1 wrote raw/eval_splits
 require_stage1() { require_file "$OUT/raw/eval_splits" 1; }
 
+# into FILE COMMAND...: COMMAND's standard output into FILE through a temporary name beside it (.tmp-PID-NAME),
+# renamed only when COMMAND succeeds; a failed or killed COMMAND leaves FILE as it was (or absent). COMMAND may be
+# a shell function (for pipelines).
+into() {
+  local file=$1 tmp rc; shift
+  tmp="$(dirname "$file")/.tmp-$$-$(basename "$file")"
+  if "$@" > "$tmp"; then mv -f "$tmp" "$file"; else rc=$?; rm -f "$tmp"; return $rc; fi
+}
+# same_lines FILE...: stop (exit 2) unless the parallel files FILE... have the same number of lines, naming them
+same_lines() {
+  local first=$1 n m f; n=$(wc -l < "$first")
+  for f in "${@:2}"; do
+    m=$(wc -l < "$f")
+    [ "$n" = "$m" ] || { echo "error: $f: $m lines, but $first has $n (parallel files: one line each)" >&2; exit 2; }
+  done
+}
+# remove_stray_temps: the .tmp-PID-* files and folders under OUT whose writer (process PID) is gone: what a killed
+# stage (into, fairseq_knowgen.textio) left behind
+remove_stray_temps() {
+  local f pid
+  [ -d "${OUT:-}" ] || return 0
+  while IFS= read -r -d '' f; do
+    pid=${f##*/.tmp-}; pid=${pid%%-*}
+    [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null && rm -rf "$f"
+  done < <(find "$OUT" -maxdepth 4 -name '.tmp-*' -print0 2>/dev/null)
+  return 0
+}
+remove_stray_temps
+
 # train_logged RUN_DIR fairseq-train-args...: fairseq-train --user-dir fairseq_knowgen into RUN_DIR/checkpoints
 # (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log in
 # RUN_DIR/train.log and its train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
@@ -76,20 +105,25 @@ train_logged() {
 # '<sep>' (EKI's concept/prototype separator) is never split
 stage_bpe() {
   mkdir -p "$OUT/bpe"
-  cat "$OUT/raw/train.src" "$OUT/raw/train.tgt" | $BIN/subword-nmt learn-bpe -s "$BPE_OPS" > "$OUT/bpe/codes"
+  same_lines "$OUT/raw/train.src" "$OUT/raw/train.tgt"
+  into "$OUT/bpe/codes" $BIN/subword-nmt learn-bpe -s "$BPE_OPS" --input <(cat "$OUT/raw/train.src" "$OUT/raw/train.tgt")
   for f in "$@"; do
-    $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" --glossaries '<sep>' < "$OUT/raw/$f" > "$OUT/bpe/$f"
+    into "$OUT/bpe/$f" $BIN/subword-nmt apply-bpe -c "$OUT/bpe/codes" --glossaries '<sep>' --input "$OUT/raw/$f"
   done
 }
 
 # stage_binarize DEST SRCLANG [fairseq-preprocess args]: binarize bpe/{train,valid}.{SRCLANG,tgt} into DEST
 # (joined dictionary; pass --srcdict to reuse one)
 stage_binarize() {
-  local dest=$1 src=$2; shift 2
-  rm -rf "$dest"
+  local dest=$1 src=$2 split tmp; shift 2
+  for split in train valid; do same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"; done
+  # into a temporary folder that replaces DEST only when fairseq-preprocess succeeded
+  tmp="$(dirname "$dest")/.tmp-$$-$(basename "$dest")"
+  rm -rf "$tmp"
   $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --joined-dictionary \
-    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "$@" --destdir "$dest" --workers 2 \
-    > "$dest.log" 2>&1 || { echo "fairseq-preprocess failed: see $dest.log"; return 1; }
+    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "$@" --destdir "$tmp" --workers 2 \
+    > "$dest.log" 2>&1 || { rm -rf "$tmp"; echo "fairseq-preprocess failed: see $dest.log"; return 1; }
+  rm -rf "$dest" && mv "$tmp" "$dest"
 }
 
 # stage_binarize_extra DEST SRCLANG SPLIT...: binarize bpe/SPLIT.{SRCLANG,tgt} with DEST's dictionaries into
@@ -97,7 +131,8 @@ stage_binarize() {
 stage_binarize_extra() {
   local dest=$1 src=$2 split tmp f; shift 2
   for split in "$@"; do
-    tmp="$dest.tmp-$split"
+    same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"
+    tmp="$(dirname "$dest")/.tmp-$$-$(basename "$dest")-$split"
     rm -rf "$tmp"
     $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --srcdict "$dest/dict.$src.txt" \
       --tgtdict "$dest/dict.tgt.txt" --testpref "$OUT/bpe/$split" --destdir "$tmp" --workers 2 \
@@ -163,7 +198,8 @@ stage_finetune() {
 # fairseq's lexically constrained beam search over DATA_BIN/SUBSET.cons, DECODE_ARGS their flags (both decode with
 # translation_constrained unless TASK_ARGS names a task)
 stage_generate() {
-  local constrain=()
+  local constrain=() tmp
+  tmp="$(dirname "$2")/.tmp-$$-$(basename "$2")"
   if [ "${CONSTRAINTS:-0}" = 1 ]; then
     # a constraint with a token outside the dictionary (a BPE piece only dev has) cannot be generated: dropped
     constrain=(--constraints unordered --constraints-from cons --constraints-unk drop)
@@ -183,5 +219,6 @@ stage_generate() {
     ${DECODE_ARGS:-} --gen-subset "$1" \
     --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --beam "$BEAM" --batch-size 128 ${BPE_DECODE_ARGS:---remove-bpe} \
     --required-batch-size-multiple 1 \
-    $DEVICE_ARGS > "$2" 2> "$2.log" || { echo "fairseq-generate failed: see $2.log"; return 1; }
+    $DEVICE_ARGS > "$tmp" 2> "$2.log" || { rm -f "$tmp"; echo "fairseq-generate failed: see $2.log"; return 1; }
+  mv -f "$tmp" "$2"  # replaced only when complete: a failed decode leaves the earlier output as it was
 }

@@ -48,7 +48,7 @@ import sys
 from typing import List, Tuple
 
 from ..text import moses_tokenize
-from ..textio import DataError, cli_entry, read_lines
+from ..textio import DataError, cli_entry, output_folder, read_lines
 from .common import ensure_dir, write_lines
 
 _WIKI_JOINS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
@@ -89,6 +89,11 @@ def wikitext_sentences(path: str) -> List[str]:
     return [x for article in wikitext_articles(path) for p in article for x in split_sentences(p)]
 
 
+# the files and folders prepare_corpus writes in OUT
+CORPUS_FILES = ["commongen", "heldout.txt", "valid.txt", "train.txt", "train.judge.txt", "train.sent.txt",
+                "valid.sent.txt", "cg.concepts.txt", "cg.ref.txt", "prompts.txt"]  # fmt: skip
+
+
 def prepare_corpus(
     wikitext: str,
     commongen: str,
@@ -112,53 +117,55 @@ def prepare_corpus(
     from . import commongen as cg
     from . import webnlg as wn
 
-    ensure_dir(out)
-    cg.prepare(commongen, os.path.join(out, "commongen"))
-    docs: List[List[str]] = []  # documents that may be held back (WikiText, WebNLG)
-    if wikitext:
-        docs += [[moses_tokenize(p) for p in article] for article in wikitext_articles(wikitext)]
-    n_wiki = len(docs)
-    if webnlg:
-        docs += [[moses_tokenize(t) for t in e["texts"]] for e in wn.read_entries(os.path.join(webnlg, "train"))]
-    is_webnlg = [i >= n_wiki for i in range(len(docs))]
-    common = read_lines(os.path.join(out, "commongen", "train.tgt"), "CommonGen references")
+    # every output into a temporary folder that replaces OUT's own files only once all are written (the later
+    # stages' files in OUT are kept)
+    with output_folder(out, owned=CORPUS_FILES) as tmp:
+        cg.prepare(commongen, os.path.join(tmp, "commongen"))
+        docs: List[List[str]] = []  # documents that may be held back (WikiText, WebNLG)
+        if wikitext:
+            docs += [[moses_tokenize(p) for p in article] for article in wikitext_articles(wikitext)]
+        n_wiki = len(docs)
+        if webnlg:
+            docs += [[moses_tokenize(t) for t in e["texts"]] for e in wn.read_entries(os.path.join(webnlg, "train"))]
+        is_webnlg = [i >= n_wiki for i in range(len(docs))]
+        common = read_lines(os.path.join(tmp, "commongen", "train.tgt"), "CommonGen references")
 
-    def ok(s):
-        return min_len <= len(s.split()) <= max_len
+        def ok(s):
+            return min_len <= len(s.split()) <= max_len
 
-    rng = random.Random(seed)
-    order = list(range(len(docs)))
-    rng.shuffle(order)
-    heldout: List[str] = []
-    while order and len(heldout) < n_heldout:
-        i = order.pop()
-        # a WebNLG entry's texts say the same thing: its first one only
-        heldout += [x for line in docs[i][: 1 if is_webnlg[i] else None] for x in split_sentences(line) if ok(x)]
-    docs = [docs[i] for i in order]
-    if len(heldout) < n_heldout:
-        raise DataError(out, 0, f"only {len(heldout)} wikitext/WebNLG sentences for --heldout {n_heldout}")
-    heldout = heldout[:n_heldout]
-    rest = docs + [[s] for s in sorted(set(common)) if ok(s)]
-    rng.shuffle(rest)
-    valid_docs: List[List[str]] = []
-    while rest and sum(map(len, valid_docs)) < n_valid:
-        valid_docs.append(rest.pop())
-    if not rest:
-        raise DataError(out, 0, f"no training text left after --valid {n_valid}")
-    lines = [line for doc in rest for line in doc if len(line.split()) >= min_len]
-    valid = [line for doc in valid_docs for line in doc if len(line.split()) >= min_len]
-    write_lines(f"{out}/heldout.txt", heldout)
-    write_lines(f"{out}/valid.txt", valid)
-    write_lines(f"{out}/train.txt", lines)
-    judge = list(rest)
-    random.Random(seed + 1).shuffle(judge)
-    write_lines(f"{out}/train.judge.txt", (line for doc in judge for line in doc if len(line.split()) >= min_len))
-    write_lines(f"{out}/train.sent.txt", (x for line in lines for x in split_sentences(line) if ok(x)))
-    write_lines(f"{out}/valid.sent.txt", (x for line in valid for x in split_sentences(line) if ok(x)))
-    # what the BPE stage encodes for decoding: concepts (space-separated) and the first references
-    write_lines(f"{out}/cg.concepts.txt", read_lines(f"{out}/commongen/valid.src", "CommonGen concepts"))
-    write_lines(f"{out}/cg.ref.txt", read_lines(f"{out}/commongen/valid.tgt", "CommonGen references"))
-    write_prompts(f"{out}/prompts.txt")
+        rng = random.Random(seed)
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        heldout: List[str] = []
+        while order and len(heldout) < n_heldout:
+            i = order.pop()
+            # a WebNLG entry's texts say the same thing: its first one only
+            heldout += [x for line in docs[i][: 1 if is_webnlg[i] else None] for x in split_sentences(line) if ok(x)]
+        docs = [docs[i] for i in order]
+        if len(heldout) < n_heldout:
+            raise DataError(out, 0, f"only {len(heldout)} wikitext/WebNLG sentences for --heldout {n_heldout}")
+        heldout = heldout[:n_heldout]
+        rest = docs + [[s] for s in sorted(set(common)) if ok(s)]
+        rng.shuffle(rest)
+        valid_docs: List[List[str]] = []
+        while rest and sum(map(len, valid_docs)) < n_valid:
+            valid_docs.append(rest.pop())
+        if not rest:
+            raise DataError(out, 0, f"no training text left after --valid {n_valid}")
+        lines = [line for doc in rest for line in doc if len(line.split()) >= min_len]
+        valid = [line for doc in valid_docs for line in doc if len(line.split()) >= min_len]
+        write_lines(f"{tmp}/heldout.txt", heldout)
+        write_lines(f"{tmp}/valid.txt", valid)
+        write_lines(f"{tmp}/train.txt", lines)
+        judge = list(rest)
+        random.Random(seed + 1).shuffle(judge)
+        write_lines(f"{tmp}/train.judge.txt", (line for doc in judge for line in doc if len(line.split()) >= min_len))
+        write_lines(f"{tmp}/train.sent.txt", (x for line in lines for x in split_sentences(line) if ok(x)))
+        write_lines(f"{tmp}/valid.sent.txt", (x for line in valid for x in split_sentences(line) if ok(x)))
+        # what the BPE stage encodes for decoding: concepts (space-separated) and the first references
+        write_lines(f"{tmp}/cg.concepts.txt", read_lines(f"{tmp}/commongen/valid.src", "CommonGen concepts"))
+        write_lines(f"{tmp}/cg.ref.txt", read_lines(f"{tmp}/commongen/valid.tgt", "CommonGen references"))
+        write_prompts(f"{tmp}/prompts.txt")
     n_tok = sum(len(x.split()) for x in lines)
     print(f"train {len(lines)} lines ({len(rest)} documents, {n_tok} tokens), valid {len(valid)} lines, "
           f"heldout {len(heldout)} sentences -> {out}")
@@ -322,7 +329,7 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int, sizes=None):
     ``scripts/benchmark.py --size base`` passes them, the block after layer layers // 2), saved in fairseq's checkpoint format
     with its ``dict.txt`` beside it. Returns ``(data_dir, {"arch": [...], "baseline": [...]})`` as
     :func:`fairseq_knowgen.benchmarking.make_data` takes it: both sides get ``--cocon-lm-path`` and
-    ``--cocon-layer`` (layers // 2). Four layers, not the benchmark's default two: CoCon adds one layer to
+    ``--cocon-layer`` (layers // 2) and ``--cocon-sample-mode lines``. Four layers, not the benchmark's default two: CoCon adds one layer to
     its LM, so its decoding speed relative to the LM falls with the LM's depth (beam 5, 20 tokens,
     measured on a loaded 2-core machine: 0.78-0.83 at four layers, about 0.7 at two; GPT-2 small
     has twelve).
@@ -350,7 +357,8 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int, sizes=None):
     )
     layers, dim, heads = sizes or (4, 128, 4)
     lm = save_untrained_lm(out, os.path.join(out, "lm.pt"), layers=layers, dim=dim, heads=heads)
-    lm_args = ["--cocon-lm-path", lm, "--cocon-layer", str(layers // 2)]
+    # the demo's targets are short sentences, too short for 30-token windows: one sample per line
+    lm_args = ["--cocon-lm-path", lm, "--cocon-layer", str(layers // 2), "--cocon-sample-mode", "lines"]
     return out, {"arch": lm_args, "baseline": lm_args}
 
 

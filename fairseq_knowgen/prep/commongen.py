@@ -40,7 +40,7 @@ from typing import List, Optional, Tuple
 
 from ..data.eki_dataset import encode_source
 from ..text import moses_tokenize
-from ..textio import cli_entry, read_lines, read_parallel
+from ..textio import cli_entry, output_folder, read_lines, read_parallel
 from .common import ensure_dir, write_jsonl, write_lines
 
 
@@ -65,19 +65,27 @@ def prepare(data: str, out: str, dev_name: str = "dev", text: str = "moses") -> 
     optional: without them the recipe generates but cannot score)."""
     if text not in TEXT_FORMS:
         raise ValueError(f"text must be one of {TEXT_FORMS}, got {text!r}")
-    ensure_dir(out)
-    src, tgt = read_parallel(*split_paths(data, "train"), what="CommonGen train")
-    write_lines(f"{out}/train.src", (normalize_concepts(s, text) for s in src))
-    write_lines(f"{out}/train.tgt", (normalize_sentence(t, text) for t in tgt))
-    splits = ["valid"]
-    write_eval_split(out, "valid", *split_paths(data, dev_name), text=text)
-    test_src, test_tgt = split_paths(data, "test")
-    if os.path.isfile(test_src):
-        write_eval_split(out, "test", test_src, test_tgt if os.path.isfile(test_tgt) else None, text=text)
-        splits.append("test")
-    write_lines(f"{out}/eval_splits", splits)
-    write_lines(f"{out}/text", [text])
+    # every output into a temporary folder that replaces OUT's own files only once all are written; the files of
+    # later stages in OUT (prototypes, EKI sources) are kept
+    with output_folder(out, owned=OWNED) as tmp:
+        src, tgt = read_parallel(*split_paths(data, "train"), what="CommonGen train")
+        write_lines(f"{tmp}/train.src", (normalize_concepts(s, text) for s in src))
+        write_lines(f"{tmp}/train.tgt", (normalize_sentence(t, text) for t in tgt))
+        splits = ["valid"]
+        write_eval_split(tmp, "valid", *split_paths(data, dev_name), text=text)
+        test_src, test_tgt = split_paths(data, "test")
+        if os.path.isfile(test_src):
+            write_eval_split(tmp, "test", test_src, test_tgt if os.path.isfile(test_tgt) else None, text=text)
+            splits.append("test")
+        write_lines(f"{tmp}/eval_splits", splits)
+        write_lines(f"{tmp}/text", [text])
     return splits
+
+
+# the files prepare() writes (an earlier run's test files go when the data has no test split any more)
+OWNED = ["eval_splits", "text"] + [
+    f"{split}.{ext}" for split in ("train", "valid", "test") for ext in ("src", "tgt", "refs.jsonl", "concepts")
+]
 
 
 def split_paths(data: str, name: str) -> Tuple[str, str]:
@@ -107,8 +115,6 @@ def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str
     write_lines(f"{out}/{split}.tgt", (normalize_sentence(g[1][0], text) for g in groups))
     if tgt_path is not None:
         write_jsonl(f"{out}/{split}.refs.jsonl", ([" ".join(r.lower().split()) for r in g[1]] for g in groups))
-    elif os.path.exists(f"{out}/{split}.refs.jsonl"):
-        os.remove(f"{out}/{split}.refs.jsonl")  # stale references of another data folder
     write_lines(f"{out}/{split}.concepts", ("|".join(g[0].split()) for g in groups))
     refs = "" if tgt_path is None else f", {len(src)} references"
     print(f"{split}: {len(groups)} concept sets{refs}")

@@ -28,6 +28,7 @@ exit status 2.
 """
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -36,7 +37,7 @@ from fairseq.data import Dictionary
 
 from ..data.kbert_dataset import read_tsv
 from ..modules.knowledge_graph import char_tokenize, control_triples, read_triples, write_triples
-from ..textio import DataError, atomic_write, cli_entry
+from ..textio import DataError, atomic_write, cli_entry, output_folder
 from .common import ensure_dir, write_lines
 
 
@@ -67,6 +68,14 @@ def check_labels_seen(examples, labels, path: str, tagging: bool):
             raise DataError(path, ex.line, f"{what} {unseen[0]!r} is not among the training {what}s ({shown})")
 
 
+# the files prepare() writes in each folder of OUT (other files there, e.g. a user's notes, are kept)
+OWNED = {
+    "data": ["train.tsv", "valid.tsv", "test.tsv", "dict.txt", "labels.txt", "eval_splits"],
+    "kg": ["full.spo", "control.spo"],
+    "mlm": ["train.txt", "valid.txt"],
+}
+
+
 def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, srcdict: str = None):
     splits = {"train": "train.tsv", "valid": "dev.tsv"}
     if os.path.isfile(os.path.join(data, "test.tsv")):
@@ -88,26 +97,31 @@ def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, 
     for split, name in splits.items():
         check_labels_seen(examples[split], labels, os.path.join(data, name), tagging)
 
-    data_out, kg_out, mlm_out = (ensure_dir(os.path.join(out, x)) for x in ("data", "kg", "mlm"))
-    for split, name in splits.items():
-        with atomic_write(os.path.join(data_out, f"{split}.tsv")) as f, open(
-            os.path.join(data, name), encoding="utf-8"
-        ) as src:
-            shutil.copyfileobj(src, f)
-    with atomic_write(os.path.join(data_out, "dict.txt")) as f:
-        if srcdict:  # as given: its order is the pretrained model's rows
-            with open(srcdict, encoding="utf-8") as src:
+    # OUT/data, OUT/kg and OUT/mlm are written into temporary folders beside them and swapped in together at the
+    # end (nothing of a failed or killed run replaces them); the later stages' folders in OUT are not touched
+    with contextlib.ExitStack() as stack:
+        data_out, kg_out, mlm_out = (
+            stack.enter_context(output_folder(os.path.join(out, x), owned=OWNED[x])) for x in ("data", "kg", "mlm")
+        )
+        for split, name in splits.items():
+            with atomic_write(os.path.join(data_out, f"{split}.tsv")) as f, open(
+                os.path.join(data, name), encoding="utf-8"
+            ) as src:
                 shutil.copyfileobj(src, f)
-        else:
-            d.save(f)
-    write_lines(os.path.join(data_out, "labels.txt"), labels)
-    write_lines(os.path.join(data_out, "eval_splits"), [s for s in splits if s != "train"])
-    if kg:
-        write_triples(os.path.join(kg_out, "full.spo"), triples)
-        write_triples(os.path.join(kg_out, "control.spo"), control_triples(triples, control_seed))
-    for split in ("train", "valid"):
-        sentences = (ex_tokens for ex in examples[split] for ex_tokens in (ex.tokens, ex.tokens_b) if ex_tokens)
-        write_lines(os.path.join(mlm_out, f"{split}.txt"), (" ".join(x) for x in sentences))
+        with atomic_write(os.path.join(data_out, "dict.txt")) as f:
+            if srcdict:  # as given: its order is the pretrained model's rows
+                with open(srcdict, encoding="utf-8") as src:
+                    shutil.copyfileobj(src, f)
+            else:
+                d.save(f)
+        write_lines(os.path.join(data_out, "labels.txt"), labels)
+        write_lines(os.path.join(data_out, "eval_splits"), [s for s in splits if s != "train"])
+        if kg:
+            write_triples(os.path.join(kg_out, "full.spo"), triples)
+            write_triples(os.path.join(kg_out, "control.spo"), control_triples(triples, control_seed))
+        for split in ("train", "valid"):
+            sentences = (ex_tokens for ex in examples[split] for ex_tokens in (ex.tokens, ex.tokens_b) if ex_tokens)
+            write_lines(os.path.join(mlm_out, f"{split}.txt"), (" ".join(x) for x in sentences))
     print(
         f"{out}: {', '.join(f'{s} {len(x)}' for s, x in examples.items())} examples; {len(d)} dictionary types"
         f"{' (--srcdict)' if srcdict else ''}; {len(labels)} labels; "

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..text import lemma, tokenize
-from ..textio import atomic_write, read_lines, read_parallel
+from ..textio import atomic_write, cli_entry, read_lines, read_parallel
 
 
 def concept_key(concepts: str) -> str:
@@ -289,4 +289,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(0 if cli_entry(main) else 1)

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (scripts/setup_env.sh), then runs pytest.
-#   bash scripts/test.sh [pytest arguments]
+#   bash scripts/test.sh [pytest arguments]       # the whole suite (CI runs exactly this)
+#   bash scripts/test.sh -m "not slow"            # the quick subset (tests/conftest.py: SLOW_FILES)
+# Unless the arguments choose otherwise (-n N, -p no:xdist), the tests run on every core (pytest-xdist -n auto),
+# one test file per worker at a time (--dist loadfile: a file's fixtures are built once, in one worker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest "$@"
+parallel=(-n auto --dist loadfile)
+for a in "$@"; do
+  case $a in -n | -n* | --numprocesses* | no:xdist) parallel=() ;; esac
+done
+exec .venv/bin/python -m pytest "${parallel[@]}" --durations=20 "$@"

@@ -49,6 +49,24 @@ TRAIN_COMMON = [
 NO_PREFETCH_THREAD = ["--data-buffer-size", "0"]
 
 
+# the files whose tests train and decode through fairseq's command lines or run whole recipes: marked ``slow``, so
+# that ``bash scripts/test.sh -m "not slow"`` is the quick subset (README, "Extending and testing")
+SLOW_FILES = {
+    "test_recipes.py", "test_cocon_recipe.py", "test_kbert_recipe.py", "test_commongen_pretrained.py",
+    "test_cocon.py", "test_cocon_learning.py", "test_cocon_ddp.py", "test_ddp.py", "test_ddp_c10d.py",
+    "test_eki_interactive.py", "test_interactive.py", "test_kbert_pretrained.py", "test_kbert_generation.py",
+    "test_gpu_check.py", "test_constrained_decoding_docs.py", "test_convert_gpt2.py", "test_checkpoints.py",
+    "test_eki.py", "test_dimattn_models.py", "test_kbert_model.py", "test_force_copy.py", "test_composed.py",
+    "test_demo_data.py", "test_profile_cocon_decode.py", "test_clean_exit.py",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if os.path.basename(str(item.fspath)) in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 def run_cli(tool, *args, check=True, timeout=600, env=None):
     """Run a fairseq-* entry point (or a python script) from the repository root; fairseq-train
     without its prefetch thread (NO_PREFETCH_THREAD) unless the caller sets --data-buffer-size."""

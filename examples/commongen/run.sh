@@ -7,7 +7,7 @@
 #       CORPUS_OOD: plain text for out-of-domain prototypes (default ../shared/data/wikitext-2/valid.txt)
 #   Stages (STAGE=1 STOP_STAGE=7 select them):
 #       1 prepare (raw/; dev is 'valid', and 'test' when DATA_DIR has commongen.test.src_alpha.txt)
-#       2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src)   3 BPE (bpe/)
+#       2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src; without CORPUS_OOD's file only the first)   3 BPE
 #       4 binarize: bin/ (concepts only), bin-eki/ (concepts <sep> in-domain prototype), bin-eki-ood/
 #       5 train   6 fairseq-generate (beam) on every evaluation split (raw/eval_splits: valid [test])
 #       7 evaluate (BLEU-4, ROUGE-L, CIDEr-D, coverage, repeats; a test split without references is not scored)
@@ -33,8 +33,8 @@
 #                  average of the N newest checkpoints; train with KEEP_EPOCHS=N); outputs
 #                  SPLIT[.cons][.DECODE_NAME][.last|.avgN].out; choose between them on dev, never on a test split
 #       LR=2e-3 WARMUP=500 DROPOUT=0.3 MAX_TOKENS=4096 SEED=1   training (adam, inverse square root schedule);
-#                  CommonGen's own defaults, tuned on dev for one hour of one core (README "Tuning the one-hour
-#                  recipe"); the other recipes keep stages.sh's LR=1e-3 WARMUP=1000 DROPOUT=0.2
+#                  CommonGen's own defaults, tuned on dev for one hour of one core (docs/results/commongen.md,
+#                  "Tuning the one-hour recipe"); the other recipes keep stages.sh's LR=1e-3 WARMUP=1000 DROPOUT=0.2
 #       KEEP_EPOCHS=0   K > 0: keep the last K epoch checkpoints (for CHECKPOINT=avgN)
 #       MAX_SHARED=""   stage 2: training prototypes only from sentences whose concept set shares at most
 #                       MAX_SHARED concepts with the query (test-like retrieval; "" = only own references excluded)
@@ -134,6 +134,14 @@ LR=${LR:-2e-3}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.3}
 . "$ROOT/examples/lib/stages.sh"
 # paste_sep A B: line i of A, " <sep> ", line i of B (EKI's source: concepts <sep> prototype)
 paste_sep() { paste -d '\t' "$1" "$2" | sed 's/\t/ <sep> /'; }
+# inputs_to_encode: the raw/ files stage 3 encodes (the out-of-domain EKI input only when stage 2 made it)
+inputs_to_encode() {
+  local s
+  for s in train $(eval_splits); do
+    echo "$s.src" "$s.tgt" "$s.eki.src"
+    [ ! -f "$OUT/raw/train.eki-ood.src" ] || echo "$s.eki-ood.src"
+  done
+}
 if [ "$CONSTRAINT_FORM" = prototype ]; then  # its own constraint file and outputs: SPLIT.cons-prototype[.DECODE_NAME].out
   CONS=".cons-prototype${CONS#.cons}"
   GEN_ARGS="${GEN_ARGS:-} --constraints-from cons-prototype"  # after stage_generate's --constraints-from cons: wins
@@ -145,7 +153,11 @@ if stage 1; then
 fi
 [ "$STOP_STAGE" -lt 2 ] || require_stage1
 if stage 2; then
-  echo "== stage 2: retrieve prototypes: in-domain (training references) and out-of-domain ($CORPUS_OOD)"
+  if [ -f "$CORPUS_OOD" ]; then
+    echo "== stage 2: retrieve prototypes: in-domain (training references) and out-of-domain ($CORPUS_OOD)"
+  else
+    echo "== stage 2: retrieve prototypes: in-domain only (no out-of-domain corpus at $CORPUS_OOD: no INPUT=eki-ood)"
+  fi
   for split in train $(eval_splits); do
     # training queries: MAX_SHARED (test-like); evaluation queries: how close they come to training sets
     opts=(--overlap-report)
@@ -153,9 +165,15 @@ if stage 2; then
     $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto" \
       --corpus "$OUT/raw/train.tgt" --corpus-keys "$OUT/raw/train.src" "${opts[@]}" \
       | tee "$OUT/raw/$split.proto.json"
-    $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
-      --corpus "$CORPUS_OOD" --plain-text --text "$TEXT" | tee "$OUT/raw/$split.proto-ood.json"
-    for p in proto proto-ood; do
+    protos=(proto)
+    if [ -f "$CORPUS_OOD" ]; then
+      $PY scripts/retrieve_prototypes.py --queries "$OUT/raw/$split.src" --out "$OUT/raw/$split.proto-ood" \
+        --corpus "$CORPUS_OOD" --plain-text --text "$TEXT" | tee "$OUT/raw/$split.proto-ood.json"
+      protos+=(proto-ood)
+    else  # no stale out-of-domain input of another run
+      rm -f "$OUT/raw/$split.proto-ood" "$OUT/raw/$split.proto-ood.json" "$OUT/raw/$split.eki-ood.src"
+    fi
+    for p in "${protos[@]}"; do
       same_lines "$OUT/raw/$split.src" "$OUT/raw/$split.$p"
       into "$OUT/raw/$split.eki${p#proto}.src" paste_sep "$OUT/raw/$split.src" "$OUT/raw/$split.$p"
     done
@@ -171,11 +189,12 @@ if stage 3; then
     echo "== stage 3: GPT-2 BPE of $PRETRAINED (fairseq's encoder, <sep> kept whole) -> $OUT/bpe"
     $PY -m fairseq_knowgen.prep.commongen gpt2-bpe --encoder-json "$PRETRAINED/encoder.json" \
       --vocab-bpe "$PRETRAINED/vocab.bpe" --in-dir "$OUT/raw" --out-dir "$OUT/bpe" \
-      $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
+      $(inputs_to_encode)
   else
     echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
-    stage_bpe $(for s in train $(eval_splits); do echo $s.{src,tgt,eki.src,eki-ood.src}; done)
+    stage_bpe $(inputs_to_encode)
   fi
+  [ -f "$OUT/raw/train.eki-ood.src" ] || rm -f "$OUT"/bpe/*.eki-ood.src  # none of an earlier run's
 fi
 if stage 4; then
   extra=$(extra_splits | xargs)
@@ -188,18 +207,24 @@ if stage 4; then
   fi
   stage_binarize "$OUT/bin" src "${dict[@]}"
   stage_binarize "$OUT/bin-eki" eki.src "${dict_eki[@]}"
-  stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
   # shellcheck disable=SC2086
   stage_binarize_extra "$OUT/bin" src $extra
   # shellcheck disable=SC2086
   stage_binarize_extra "$OUT/bin-eki" eki.src $extra
-  # shellcheck disable=SC2086
-  stage_binarize_extra "$OUT/bin-eki-ood" eki-ood.src $extra
-  for d in bin-eki bin-eki-ood; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
+  eki_bins=(bin-eki)
+  if [ -f "$OUT/bpe/train.eki-ood.src" ]; then
+    stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
+    # shellcheck disable=SC2086
+    stage_binarize_extra "$OUT/bin-eki-ood" eki-ood.src $extra
+    eki_bins+=(bin-eki-ood)
+  else
+    rm -rf "$OUT/bin-eki-ood"
+  fi
+  for d in "${eki_bins[@]}"; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
     for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
   done
   # shellcheck disable=SC2046
-  [ -n "$PRETRAINED" ] || for d in bin bin-eki bin-eki-ood; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
+  [ -n "$PRETRAINED" ] || for d in bin "${eki_bins[@]}"; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
 fi
 if stage 5; then
   if [ -n "$PRETRAINED" ]; then

@@ -26,7 +26,8 @@
 #   Environment (all optional):
 #       TASK_TYPE=classification|tagging   set for a TASK other than book_review / medical_ner
 #       NAME=kbert  KG=full|none|control|PATH  (full: kgs/HowNet.spo or kgs/Medical.spo of DATA_DIR; PATH: that
-#           subject<TAB>predicate<TAB>object file, prepared by stage 1 as $OUT/kg/full.spo and its control)
+#           subject<TAB>predicate<TAB>object file, as given, else relative to DATA_DIR, else to the task's folder;
+#           prepared by stage 1 as $OUT/kg/full.spo and its control)
 #       ARCH=kbert_small (kbert_base from a PRETRAINED folder)  ARCH_ARGS=""  (e.g. --no-visible-matrix,
 #           --no-soft-positions: the paper's ablations)  SEED=1
 #       LAYERS=4 DIM=256 HEADS=4   encoder size, the same in stages 2 and 3 (ffn 4*DIM; a PRETRAINED folder's
@@ -83,8 +84,12 @@ case $TASK_TYPE in
 esac
 # the TSVs: DATA/TASK/, or DATA itself when it holds train.tsv
 TSV_DIR=$DATA/$TASK; [ -f "$DATA/train.tsv" ] && TSV_DIR=$DATA
-case $KG in full|control|none) ;; *) [ -f "$KG" ] || { echo "KG must be full, none, control or a KG file ('$KG' is none)"; exit 2; }
-  KG_FILE=$(realpath "$KG"); KG=full ;; esac
+# KG=PATH: a file as given (from the current folder), else relative to DATA_DIR, else to the task's TSV folder
+case $KG in full|control|none) ;; *)
+  for f in "$KG" "$DATA/$KG" "$TSV_DIR/$KG"; do [ -f "$f" ] && { KG_FILE=$(realpath "$f"); break; }; done
+  [ -n "$KG_FILE" ] || { echo "KG must be full, none, control or a KG file: '$KG' is no file here, in $DATA or in" \
+    "$TSV_DIR"; exit 2; }
+  KG=full ;; esac
 case $KG in full|control) KG_ARGS="--kg $OUT/kg/$KG.spo" ;; none) KG_ARGS="" ;; esac
 [ "$KG" = none ] || [ -n "$KG_FILE" ] || { echo "KG=$KG: task $TASK has no KG file of its own: KG=PATH or KG=none"; exit 2; }
 # PRETRAINED: a folder (model.pt + dict.txt) gives the dictionary (stage 1) and the encoder's sizes (stage 3)

@@ -23,14 +23,15 @@
 #                  $OUT/raw/entity_match.json), stage 2 keeps <ent-K> as words (rarer words still <unk-N>),
 #                  stage 5 restores <ent-K> to the entity's surface form (ENTITY_SURFACE=text, or dbpedia:
 #                  the cleaned DBpedia form) from $OUT/raw/SPLIT.entmap. Stages 2-6 follow what stage 1 wrote.
-#                  The default since it measured best on dev and held-out categories (README, WebNLG tables).
+#                  The default since it measured best on dev and held-out categories (docs/results/webnlg.md).
 #       CONSTRAINTS=1: stages 5-6 decode with every source entity (as encoded: <ent-K>, or its words and <unk-N>)
 #                  as a constraint (--constraints unordered) into SPLIT.cons.out and SPLIT.cons.scores.json
-#       BEAM=5 HELDOUT=Astronaut,Monument,University TRAIN_ARGS=""
+#       BEAM=5 HELDOUT=Astronaut,Monument,University (those of them the training data has) TRAIN_ARGS=""
 #       ENTITY_ONCE=1 (default with ENTITIES=1 and CONSTRAINTS=0): stage 5 lets each <ent-K> appear at most once in
 #                  an output (fairseq-generate --at-most-once '<ent-\d+>'); 0 decodes without that rule. With
 #                  CONSTRAINTS=1 the default is 0: constraints already name every entity, and the rule then cost
-#                  6-7 BLEU on dev and held-out categories (19% of held-out first references repeat one; README)
+#                  6-7 BLEU on dev and held-out categories (19% of held-out first references repeat one;
+#                  docs/short_budget_results.md)
 #       DECODE_ARGS="" DECODE_NAME=""   more fairseq-generate flags for the decoding stages, outputs named
 #                  SPLIT[.cons].DECODE_NAME.out (e.g. DECODE_ARGS="--at-most-once <ent-\d+>" DECODE_NAME=once)
 #       CHECKPOINT=best   the checkpoint the decoding stages read: best (lowest dev loss), last, or avgN (the
@@ -56,7 +57,12 @@ STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
-HELDOUT=${HELDOUT-Astronaut,Monument,University}  # set but empty: no held-out categories
+# HELDOUT unset: WebNLG's Astronaut, Monument and University where the training data has them (your own data in
+# WebNLG's format needs none); set but empty: no held-out categories
+if [ -z "${HELDOUT+x}" ]; then
+  HELDOUT=$(for c in Astronaut Monument University; do
+    grep -rqsF "category=\"$c\"" "$DATA/train" && echo "$c"; done | paste -sd, -)
+fi
 TRAIN_ARGS=${TRAIN_ARGS:-}
 ENTITIES=${ENTITIES:-$([ "$BPE_OPS" = 0 ] && echo 1 || echo 0)}; ENTITY_SURFACE=${ENTITY_SURFACE:-text}
 ENTITY_ONCE=${ENTITY_ONCE:-$([ "${CONSTRAINTS:-0}" = 1 ] && echo 0 || echo "$ENTITIES")}

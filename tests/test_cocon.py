@@ -1,7 +1,8 @@
-"""CoCon (shared/seeds/cocon.zh.txt): the block's attention against a hand computation (Eq. 6), the
-content bias tau, null content, the self-reconstruction mask, incremental == full decoding (also
-across a beam reorder), the frozen LM, the losses' gradients, the update counting, decoding with
-fairseq's search, bad input."""
+"""CoCon ("CoCon: A Self-Supervised Approach for Controlled Text Generation", ICLR 2021): the block's attention
+against a hand computation (Eq. 6), the content bias tau, null content, the self-reconstruction mask (W' off and
+on), incremental == full decoding (also across a beam reorder), the frozen LM, the losses' gradients, the update
+counting, decoding with fairseq's search (fixed-length too), checkpoints of earlier versions, bad input. Against
+the authors' block: tests/test_cocon_reference.py."""
 
 import argparse
 import math
@@ -974,6 +975,9 @@ def test_checkpoint_with_the_mlp_discriminator_loads_and_keeps_it(cocon_data, co
     assert set(model.state_dict()) == set(old["model"])
     assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
     args = ["--cocon-lm-path", lm, "--cocon-cycle-start", "0", "--cocon-adv-start", "0", "--cocon-cycle-steps", "2"]
+    # the fixture's lines (3-12 words) are too short for the fixed split's 10 + 20 tokens, so no row has a generated
+    # fake: the teacher-forced fake gives every row to the discriminator (with the generated one L_disc is 0 here)
+    args += ["--cocon-adv-fake", "teacher-forced"]
     proc = train_cli(
         data, "--arch", "cocon_lm_small", *args, "--cocon-disc-update-freq", "1", "--max-update", "2",
         "--save-dir", folder, "--reset-optimizer", save=True,
@@ -983,14 +987,18 @@ def test_checkpoint_with_the_mlp_discriminator_loads_and_keeps_it(cocon_data, co
     disc_keys = {k for k in after["model"] if k.startswith("discriminator.")}
     assert disc_keys == {"discriminator." + k for k in mlp.state_dict()}
     assert after["cfg"]["model"].cocon_disc == "mlp"
-    assert not torch.equal(after["model"]["discriminator.fc1.weight"], old["model"]["discriminator.fc1.weight"])
+    log = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert after["optimizer_history"][-1]["num_updates"] == 2, log
+    assert not torch.equal(after["model"]["decoder.block.fc1.weight"], old["model"]["decoder.block.fc1.weight"]), log
+    assert "loss_disc" in log
+    assert not torch.equal(after["model"]["discriminator.fc1.weight"], old["model"]["discriminator.fc1.weight"]), log
 
 
 @pytest.mark.parametrize("mode", ["cocon", "lm"])
 @pytest.mark.parametrize("gen", [dict(beam=3), dict(beam=1, sampling=True, sampling_topp=0.9, sampling_topk=-1)])
 def test_fixed_length_decoding_gives_every_prompt_exactly_n_tokens(cocon_data, mode, gen):
     """--cocon-fixed-len N (the authors' decoding: a fixed length, no EOS): every hypothesis is its prompt and
-    exactly N generated tokens, no </s> before its end, with prompts of different lengths (and none) in one batch,
+    exactly N generated tokens, no </s> before its end and no <s>, with prompts of different lengths (and none) in one batch,
     whatever --max-len-b says; also with --cocon-mode lm (the plain and the prompted LM)."""
     from fairseq.dataclass.configs import GenerationConfig
 
@@ -1013,6 +1021,7 @@ def test_fixed_length_decoding_gives_every_prompt_exactly_n_tokens(cocon_data, m
             toks = h["tokens"].tolist()
             assert len(toks) == len(prompt) + n + 1 and toks[-1] == d.eos(), (line, toks)
             assert toks[: len(prompt)] == prompt and d.eos() not in toks[:-1]
+            assert d.bos() not in toks  # fairseq prints <s> as nothing: the text would read a token short
             assert len(h["positional_scores"]) == len(toks)  # one per token, as fairseq-generate prints them
     assert (generator.min_len, generator.max_len_a, generator.max_len_b) == (1, 0, 2)  # restored
 
@@ -1093,7 +1102,7 @@ def test_incompatible_lm_stops_with_a_clear_message(cocon_data, tmp_path, case):
         args, want = ["--cocon-lm-path", other / "lm.pt"], "the LM's dictionary differs from the data's"
     else:
         (tmp_path / "bad.pt").write_text("not a checkpoint")
-        args, want = ["--cocon-lm-path", tmp_path / "bad.pt"], "not a readable fairseq checkpoint"
+        args, want = ["--cocon-lm-path", tmp_path / "bad.pt"], "bad.pt: cannot be read: not a torch checkpoint"
     proc = train_cli(data, *args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert want in proc.stderr

@@ -22,6 +22,8 @@ def test_two_ranks_end_identical(cocon_data, tmp_path):  # noqa: F811
         "cocon_lm_small",
         "--cocon-lm-path",
         lm,
+        "--cocon-sample-mode",
+        "lines",  # (the fixture's short sentences)
         "--criterion",
         "cocon",
         "--cocon-cycle-start",

@@ -16,18 +16,31 @@ from conftest import BIN, ROOT
 WORDS = "dog cat ball park run jump play throw catch field river boat sit swim red green big small".split()
 
 
+# the openings prep.cocon's prompts start with: in the corpus too, so that the tiny BPE knows their pieces
+OPENINGS = ["the", "in the morning ,", "yesterday ,", "there is", "in this picture ,", "last weekend ,", "it was",
+            "my friend", "at the park ,", "when we arrived ,"]  # fmt: skip
+
+
 def make_raw(root, seed=0):
+    """Raw data in the original formats. CoCon trains on 30-token windows of running text: WikiText articles
+    of long paragraphs and WebNLG texts of 30+ words give them (in train and valid alike); CommonGen's
+    references are short documents."""
     rng = random.Random(seed)
 
     def sent(n):
         return " ".join(rng.choice(WORDS) for _ in range(n))
 
+    def paragraph():
+        parts = [(rng.choice(OPENINGS), sent(rng.randint(10, 14)), sent(rng.randint(8, 12))) for _ in range(2)]
+        return " ".join(f"{a} {b} , {c} ." for a, b, c in parts)
+
     (root / "wikitext-2").mkdir(parents=True)
-    lines = [" ", " = Heading = ", " "]
-    lines += [" " + " . ".join(sent(rng.randint(22, 30)) for _ in range(2)) + " . " for _ in range(60)]
+    lines = [" "]
+    for k in range(8):
+        lines += [f" = Article {k} = ", " "] + [f" {paragraph()} " for _ in range(8)] + [" "]
     (root / "wikitext-2" / "valid.txt").write_text("\n".join(lines) + "\n")
     (root / "commongen").mkdir()
-    for split, n in (("train", 120), ("dev", 8)):
+    for split, n in (("train", 12), ("dev", 8)):
         src, tgt = [], []
         for _ in range(n):
             cs = rng.sample(WORDS, 3)
@@ -43,7 +56,7 @@ def make_raw(root, seed=0):
         entries.append(
             f'<entry category="Animal" eid="Id{i + 1}" size="1"><modifiedtripleset><mtriple>{a.title()} | likes | '
             f'{b.title()}</mtriple></modifiedtripleset><lex comment="good" lid="Id1"><text>{a.title()} likes {b} '
-            f"a lot and plays with the {rng.choice(WORDS)} in the park every day .</text></lex></entry>"
+            f"a lot and plays with the {rng.choice(WORDS)} in the park every day , {sent(20)} .</text></lex></entry>"
         )
     (root / "webnlg" / "train" / "1triples" / "Animal.xml").write_text(
         '<?xml version="1.0" ?>\n<benchmark><entries>\n' + "\n".join(entries) + "\n</entries></benchmark>\n"
@@ -59,16 +72,16 @@ RECIPE_ENV = dict(
     LM_DIM="16",
     LM_HEADS="2",
     LM_MAX_UPDATE="3",
-    COCON_LAYER="1",
     COCON_MAX_UPDATE="3",
     CYCLE_START="1",
     ADV_START="1",
     CG_LEN="6",
     HT_LEN="6",
+    FIXED_LEN="5",
     TAUS="5",
     SETS="cg ht5",
     MAX_TOKENS="1000",
-    COCON_MAX_TOKENS="1000",
+    COCON_BATCH="8",
 )
 
 
@@ -79,7 +92,7 @@ def run_recipe(data, out, **env):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=3600,  # minutes on an idle core; far longer on a core shared with trainings
         env=dict(os.environ, **RECIPE_ENV, **env),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -113,6 +126,31 @@ def check_scores(table):
                     assert 0 <= v <= 100, (k, v)
 
 
+def check_fixed_length(out, run, n, sets=("cg", "ht5")):
+    """Every system decoded every input from its prompt for exactly n tokens: an output is the input's prompt (the
+    prompted LM's: the content, then the prompt; as the dictionary reads it) and n tokens after it."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(str(out / "bin" / "gen" / "dict.txt"))
+    for name in sets:
+        for system, src in (("lm", f"{name}.src"), ("lm-prompt", f"{name}.prompt.src"), ("tau5", f"{name}.src")):
+            sources = (out / "bin" / "gen" / src).read_text().splitlines()
+            hyps = hypotheses(run / "gen" / f"{name}.{system}.out")
+            assert len(hyps) == len(sources) > 0, (name, system)
+            for source, hyp in zip(sources, hyps):
+                prompt = [d[i] for i in d.encode_line(source.split("<prompt>")[1], add_if_not_exist=False,
+                                                      append_eos=False)]  # fmt: skip
+                assert prompt and hyp.split()[: len(prompt)] == prompt, (name, system, source, hyp)
+                assert len(hyp.split()) == len(prompt) + n, (name, system, source, hyp)
+
+
+def after_prompts(out, run, name="cg", system="tau5"):
+    """The outputs without their prompts (what the scores read)."""
+    sources = (out / "bin" / "gen" / f"{name}.src").read_text().splitlines()
+    hyps = hypotheses(run / "gen" / f"{name}.{system}.out")
+    return [" ".join(h.split()[len(src.split("<prompt>")[1].split()) :]) for h, src in zip(hyps, sources)]
+
+
 def test_recipe_end_to_end(tmp_path):
     make_raw(tmp_path / "data")
     out, plot = tmp_path / "out", tmp_path / "plot.png"
@@ -130,10 +168,13 @@ def test_recipe_end_to_end(tmp_path):
     assert {"coverage", "judge_ppl", "dist1", "dist2", "rep3_outputs"} <= set(scores["commongen"]["cocon/tau5"])
     assert {"bleu_content", "judge_ppl", "dist3"} <= set(scores["heldout"]["ht5 cocon/tau5"])
     assert plot.stat().st_size > 0
+    # every system from the same prompts for FIXED_LEN tokens (as the authors decode)
+    check_fixed_length(out, run, 5)
+    assert "<prompt>" in (out / "bin" / "gen" / "cg.src").read_text()
     # the prompted LM's hypotheses start with the prompt: scoring removed it
     assert "| lm-prompt |" in (out / "table.md").read_text()
     check_scores(scores)
-    hyps = [re.sub(r"@@( |$)", "", h) for h in hypotheses(run / "gen" / "cg.tau5.out")]
+    hyps = [re.sub(r"@@( |$)", "", h) for h in after_prompts(out, run)]
     assert abs(scores["commongen"]["cocon/tau5"]["dist1"] - distinct1(hyps)) < 1e-6
 
 
@@ -171,8 +212,8 @@ def test_recipe_from_converted_gpt2(tmp_path):
     run = out / "runs" / "cocon"
     n_sets = len((out / "raw" / "commongen" / "valid.concepts").read_text().splitlines())
     # (a sampled output may hold <unk>: the LM's extra rows have probability <= 1/V, not 0)
-    hyps = hypotheses(run / "gen" / "cg.tau5.out")
-    hyps = [bpe.decode([int(t) if t.isdigit() else t for t in h.split()]) for h in hyps]
+    check_fixed_length(out, run, 5)
+    hyps = [bpe.decode([int(t) if t.isdigit() else t for t in h.split()]) for h in after_prompts(out, run)]
     assert len(hyps) == n_sets
     scores = json.loads((out / "table.json").read_text())
     check_scores(scores)

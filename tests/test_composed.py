@@ -213,7 +213,10 @@ def test_sep_is_never_copied_from_an_eki_source(request):
     and prototype token keeps some), P(<sep>) = p_gen P_vocab(<sep>), and a target <sep> is no copy
     step for the criterion, although <sep> is in every source (raw alpha, the default, copies it as
     Eq. 6 does; the criterion's copy candidates leave it out either way)."""
-    task, model, args = build(request, "eki+copy", "--copy-supervision", "force", "--copy-alpha", "renormalized")
+    # the sep input layout: the model reads <sep> (the default concat layout removes it from the source)
+    task, model, args = build(
+        request, "eki+copy", "--copy-supervision", "force", "--copy-alpha", "renormalized", "--eki-input-layout", "sep"
+    )
     d = task.target_dictionary
     sep = d.index("<sep>")
     model.eval()

@@ -174,7 +174,8 @@ def test_cocon_on_converted_gpt2(converted, tmp_path):
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
     enc = get_encoder(str(out / "encoder.json"), str(out / "vocab.bpe"))
-    sents = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 8)) for i in range(1, 25)]
+    # lines of running text (40 words) that the default 30-token windows are cut from
+    sents = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 41)) for i in range(1, 25)]
     (tmp_path / "train.txt").write_text("".join(" ".join(map(str, enc.encode(s))) + "\n" for s in sents))
     subprocess.run(
         [f"{BIN}/fairseq-preprocess", "--only-source", "--srcdict", out / "dict.txt", "--trainpref",

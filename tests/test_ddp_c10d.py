@@ -52,7 +52,7 @@ RUNS = {
     # every CoCon loss from the first update: self, null content, cycle, and adversarial with its discriminator
     "cocon": (
         "cocon_data",
-        lambda d: [d[0], "--task", "cocon_generation", "--cocon-lm-path", d[1]],
+        lambda d: [d[0], "--task", "cocon_generation", "--cocon-lm-path", d[1], "--cocon-sample-mode", "lines"],
         ["--arch", "cocon_lm_small", "--criterion", "cocon", "--cocon-cycle-start", "0", "--cocon-adv-start", "0"],
     ),
 }

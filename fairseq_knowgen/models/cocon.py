@@ -314,7 +314,7 @@ class CoConDecoder(FairseqIncrementalDecoder):
         self.prefix_states = args.cocon_prefix_states
         # decoding with a fixed length (the task's --cocon-fixed-len): </s> gets no probability before each row's
         # prompt and this many new tokens, whatever step fairseq's search is at (it forces prompts of several
-        # lengths for the batch's longest one, and bans </s> only after)
+        # lengths for the batch's longest one, and bans </s> only after), and <s> none at all
         self.min_new_tokens = 0
         # marks checkpoints saved since --cocon-prefix-states existed (earlier ones decoded with "block")
         self.register_buffer("cocon_version", torch.tensor(2))
@@ -476,6 +476,9 @@ class CoConDecoder(FairseqIncrementalDecoder):
             early = pos < (lengths[:, None] + self.min_new_tokens)  # B x T
             eos = self.dictionary.eos()
             logits[:, :, eos] = logits[:, :, eos].masked_fill(early, float("-inf"))
+            # nor <s> anywhere: the LM never saw it in its text, and fairseq prints it as nothing, so an output with
+            # one would read a token short of the fixed length
+            logits[:, :, self.dictionary.bos()] = float("-inf")
         return logits, extra
 
     def max_positions(self):

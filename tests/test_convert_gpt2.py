@@ -210,3 +210,31 @@ def test_cocon_on_converted_gpt2(converted, tmp_path):
     # (fairseq's --bpe gpt2 cannot print these sources: its decoder takes every symbol but <unk>/<mask> for an id)
     hyps = [x.split("\t")[2].split() for x in gen.stdout.splitlines() if x.startswith("H-")]
     assert len(hyps) == 3 and all(enc.decode([int(t) for t in h]).strip() for h in hyps)
+
+
+def test_a_failed_conversion_leaves_the_output_folder_as_it_was(tmp_path):
+    """A refusal after the checkpoint is written (encoder.json names an id beyond the model's embeddings) replaces
+    nothing: the earlier OUT is byte-identical and no temporary folder is left; a good conversion then replaces
+    its own files and keeps the user's."""
+    from fairseq_knowgen.convert.hf_gpt2 import convert
+    from fairseq_knowgen.textio import DataError
+
+    save_tiny_gpt2(tmp_path / "hf", tokenizer_json=False)
+    vocab = json.loads((tmp_path / "hf" / "vocab.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in (tmp_path / "hf").iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "vocab.json").write_text(json.dumps({**vocab, "zzz": len(vocab) + 5}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"an earlier conversion")
+    (out / "notes.txt").write_text("mine\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(DataError, match="BPE ids outside the model's"):
+        convert(str(bad), str(out))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    convert(str(tmp_path / "hf"), str(out))
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "checkpoint.pt").read_bytes() != before["checkpoint.pt"]
+    assert {"dict.txt", "encoder.json", "vocab.bpe"} <= {p.name for p in out.iterdir()}

@@ -56,7 +56,8 @@ from typing import Dict, List
 
 import torch
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, cli_entry, output_folder
+from .fairseq_legacy import some_names
 
 # GPT-2's activation names -> fairseq's (gelu_new: GPT-2's tanh approximation = fairseq's gelu_accurate)
 ACTIVATIONS = {"gelu_new": "gelu_accurate", "gelu_pytorch_tanh": "gelu_accurate", "gelu": "gelu", "relu": "relu"}
@@ -193,7 +194,7 @@ def convert_state(hf: Dict[str, torch.Tensor], hf_cfg, rows: torch.Tensor, n_row
     # causal-mask buffers of older transformers versions are not weights
     unused = sorted(k for k in hf if k not in used and not k.endswith((".attn.bias", ".attn.masked_bias")))
     if unused:
-        raise DataError("model weights", 0, f"GPT-2 tensors this converter does not know: {', '.join(unused)}")
+        raise DataError("model weights", 0, f"GPT-2 tensors this converter does not know: {some_names(unused)}")
     return out
 
 
@@ -260,32 +261,34 @@ def convert(hf_dir: str, out_dir: str) -> str:
     hf_model = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True)
     hf_cfg = hf_model.config
     flags = lm_flags(hf_cfg, os.path.join(hf_dir, "config.json"))
-    os.makedirs(out_dir, exist_ok=True)
-    V, eos = hf_cfg.vocab_size, hf_cfg.eos_token_id
-    d = gpt2_dictionary(V, eos)
-    d.save(os.path.join(out_dir, "dict.txt"))
-    cfg = lm_config(os.path.abspath(out_dir), flags)
-    model = LanguageModelingTask(cfg.task, d).build_model(cfg.model)
-    assert isinstance(model, TransformerLanguageModel)
-    target = model.state_dict()
-    state = convert_state(hf_model.state_dict(), hf_cfg, gpt2_rows(d, V, eos), len(d), d.pad())
-    # fairseq's own bookkeeping buffers (decoder.version) keep their values
-    missing = sorted(k for k in target if k not in state and not k.endswith(".version"))
-    wrong = sorted(k for k in state if k in target and state[k].shape != target[k].shape)
-    if missing or wrong or set(state) - set(target):
-        raise DataError(
-            hf_dir,
-            0,
-            f"conversion does not fit fairseq's model: not set {missing}, wrong shapes {wrong}, "
-            f"unknown {sorted(set(state) - set(target))}",
-        )
-    target.update(state)
-    model.load_state_dict(target, strict=True)
-    path = os.path.join(out_dir, "checkpoint.pt")
-    save_lm_checkpoint(cfg, model, path)
-    bpe = copy_bpe_files(hf_dir, out_dir)
-    if "encoder.json" in bpe:
-        check_encoder(os.path.join(out_dir, "encoder.json"), V)
+    # the outputs go to a temporary folder that replaces OUT_DIR's own files only when all are written (a failed
+    # conversion leaves OUT_DIR as it was, or absent); other files there are kept
+    with output_folder(out_dir, owned=["dict.txt", "checkpoint.pt", "encoder.json", "vocab.bpe"]) as tmp:
+        V, eos = hf_cfg.vocab_size, hf_cfg.eos_token_id
+        d = gpt2_dictionary(V, eos)
+        d.save(os.path.join(tmp, "dict.txt"))
+        cfg = lm_config(os.path.abspath(out_dir), flags)
+        model = LanguageModelingTask(cfg.task, d).build_model(cfg.model)
+        assert isinstance(model, TransformerLanguageModel)
+        target = model.state_dict()
+        state = convert_state(hf_model.state_dict(), hf_cfg, gpt2_rows(d, V, eos), len(d), d.pad())
+        # fairseq's own bookkeeping buffers (decoder.version) keep their values
+        missing = sorted(k for k in target if k not in state and not k.endswith(".version"))
+        wrong = sorted(k for k in state if k in target and state[k].shape != target[k].shape)
+        if missing or wrong or set(state) - set(target):
+            raise DataError(
+                hf_dir,
+                0,
+                f"conversion does not fit fairseq's model: not set [{some_names(missing)}], wrong shapes "
+                f"[{some_names(wrong)}], unknown [{some_names(sorted(set(state) - set(target)))}]",
+            )
+        target.update(state)
+        model.load_state_dict(target, strict=True)
+        path = os.path.join(out_dir, "checkpoint.pt")
+        save_lm_checkpoint(cfg, model, os.path.join(tmp, "checkpoint.pt"))
+        bpe = copy_bpe_files(hf_dir, tmp)
+        if "encoder.json" in bpe:
+            check_encoder(os.path.join(tmp, "encoder.json"), V)
     n = sum(p.numel() for p in model.parameters())
     print(
         f"{hf_dir} -> {path}: {hf_cfg.n_layer} layers x {hf_cfg.n_embd}, {n} parameters, dict.txt {len(d)} "

@@ -1,6 +1,6 @@
 """HuggingFace GPT-2 (``GPT2LMHeadModel``) -> a fairseq ``transformer_lm`` checkpoint.
 
-CoCon (Chan et al., ICLR 2021; ``shared/seeds/cocon.zh.txt``) sits inside GPT-2; fairseq releases
+CoCon (Chan et al., ICLR 2021) sits inside GPT-2; fairseq releases
 no GPT-2. This converter writes one that ``fairseq-eval-lm``, ``fairseq-train --task
 language_modeling`` and ``--cocon-lm-path`` load::
 

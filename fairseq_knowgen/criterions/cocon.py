@@ -1,5 +1,5 @@
-"""``cocon``: the four self-supervised losses of CoCon (Chan et al., ICLR 2021, Section 3.1;
-``shared/seeds/cocon.zh.txt``), each weighted by a flag and logged on its own::
+"""``cocon``: the four self-supervised losses of CoCon (Chan et al., "CoCon: A Self-Supervised Approach for
+Controlled Text Generation", ICLR 2021, Section 3.1), each weighted by a flag and logged on its own::
 
     L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv (+ w_disc L_disc)
 

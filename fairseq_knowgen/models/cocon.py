@@ -1,5 +1,5 @@
 """CoCon on a frozen fairseq ``transformer_lm`` (Chan et al., "CoCon: A Self-Supervised
-Approach for Controlled Text Generation", ICLR 2021; ``shared/seeds/cocon.zh.txt``).
+Approach for Controlled Text Generation", ICLR 2021).
 
 Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`` (FFN 2 x d).
 

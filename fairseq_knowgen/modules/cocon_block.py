@@ -1,5 +1,5 @@
 """The CoCon block (Chan et al., "CoCon: A Self-Supervised Approach for Controlled Text
-Generation", ICLR 2021; ``shared/seeds/cocon.zh.txt``, Section 3 "Model Architecture").
+Generation", ICLR 2021; Section 3 "Model Architecture").
 
 Equation numbers are those of the paper's Section 3 as the seed text implies them (it names
 Eq. 4 and Eq. 6; its displayed formulas are missing, so each is given here as the text describes

@@ -1,5 +1,5 @@
 """``cocon_generation``: train CoCon on plain text and decode content-conditioned text with
-``fairseq-generate`` / ``fairseq-interactive`` (Chan et al., ICLR 2021, ``shared/seeds/cocon.zh.txt``).
+``fairseq-generate`` / ``fairseq-interactive`` (Chan et al., ICLR 2021).
 
 Data folder ``DATA``: ``dict.txt`` (the LM's dictionary: binarize with the LM's ``--srcdict``);
 the task appends ``<sep>`` and ``<prompt>`` when absent (never fed to the LM, never generated).

@@ -79,9 +79,9 @@ def test_commongen_recipe_from_a_released_bart(tmp_path):
     shutil.copy(encoder_json, bart / "encoder.json")
     shutil.copy(vocab_bpe, bart / "vocab.bpe")
     released = write_released_bart(bart, dict_txt=dict_txt)
-    out = tmp_path / "out"
     env = dict(ENV, PRETRAINED=str(bart), ARCH="eki_bart_base", ARCH_ARGS=f"{TINY} --eki-scaling-dim 8")
-    run_recipe("examples/commongen/run.sh", data, out, corpus, **env)
+    run_recipe("examples/commongen/run.sh", data, tmp_path / "out", corpus, **env)
+    out = tmp_path / "out" / "bart"  # the BART path's own raw/, bpe/, bin*/ and runs/ under OUT
 
     # BART's own text: the raw cased references, and their GPT-2 BPE decodes back to them
     assert (out / "raw" / "text").read_text().split() == ["raw"]
@@ -122,7 +122,7 @@ def test_commongen_recipe_from_a_released_bart(tmp_path):
 
     # BART+DimAttn on the concepts, from the same stages 1-4, with fairseq's BART example settings
     env = dict(ENV, PRETRAINED=str(bart), ARCH="bart_dimattn_base", ARCH_ARGS=TINY, STAGE="5")
-    run_recipe("examples/commongen/run.sh", data, out, corpus, **env)
+    run_recipe("examples/commongen/run.sh", data, tmp_path / "out", corpus, **env)
     run = out / "runs" / "bart_dimattn_base"
     assert "'lr': [3e-05]" in (run / "train.log").read_text()
     assert_fine_tuned_from(run / "checkpoints" / "checkpoint_best.pt", released)
@@ -131,7 +131,9 @@ def test_commongen_recipe_from_a_released_bart(tmp_path):
 
 
 def test_a_moses_raw_folder_is_refused_for_bart(tmp_path):
-    """A from-scratch run's raw/ (lower-cased Moses text) must not reach BART: stage 3 stops."""
+    """A from-scratch run and a BART run in one OUT keep their own folders: BART's stage 1 writes OUT/bart/raw
+    (cased text) and leaves the from-scratch OUT/raw (lower-cased Moses text) as it was. A Moses raw/ where the
+    BART path reads (an OUT laid out before OUT/bart) must not reach BART: stage 3 stops."""
     rng = random.Random(2)
     data = tmp_path / "data"
     data.mkdir()
@@ -139,18 +141,24 @@ def test_a_moses_raw_folder_is_refused_for_bart(tmp_path):
     cased_split(rng, data, "dev", 2)
     out = tmp_path / "out"
     run_recipe("examples/commongen/run.sh", data, out, tmp_path / "none.txt", STOP_STAGE="1")
+    scratch = {p.name: p.read_bytes() for p in (out / "raw").iterdir()}
     encoder_json, vocab_bpe, dict_txt = released_or_stand_in(tmp_path / "bpe-files")
     bart = tmp_path / "bart"
     bart.mkdir()
     for f in (encoder_json, vocab_bpe, dict_txt):
         shutil.copy(f, bart)
     (bart / "model.pt").write_bytes(b"")
-    proc = subprocess.run(
-        ["bash", "examples/commongen/run.sh", str(data), str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, **RECIPE_ENV, PRETRAINED=str(bart), STAGE="3", STOP_STAGE="3"),
-        timeout=600,
-    )
+    env = dict(os.environ, **RECIPE_ENV, PRETRAINED=str(bart))
+
+    def recipe(**stages):
+        return subprocess.run(["bash", "examples/commongen/run.sh", str(data), str(out), str(tmp_path / "none.txt")],
+                              cwd=ROOT, capture_output=True, text=True, env=dict(env, **stages), timeout=600)  # fmt: skip
+
+    proc = recipe(STOP_STAGE="1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "bart" / "raw" / "text").read_text().split() == ["raw"]
+    assert {p.name: p.read_bytes() for p in (out / "raw").iterdir()} == scratch
+    shutil.rmtree(out / "bart" / "raw")
+    shutil.copytree(out / "raw", out / "bart" / "raw")
+    proc = recipe(STAGE="3", STOP_STAGE="3")
     assert proc.returncode == 2 and "holds moses text, this run needs raw" in proc.stdout

@@ -68,8 +68,9 @@
 #                    MAX_UPDATE=20000 MINUTES=0
 #                  Both: --layernorm-embedding --share-all-embeddings --share-decoder-input-output-embed
 #                  --skip-invalid-size-inputs-valid-test --find-unused-parameters; stage 6 decodes with --bpe gpt2.
-#                  CONSTRAINTS=1 is not available here. A raw/ of the other text form (a from-scratch run's OUT) is
-#                  refused at stage 3: give PRETRAINED runs their own OUT_DIR.
+#                  CONSTRAINTS=1 is not available here. Everything goes under OUT_DIR/bart (raw/, bpe/, bin*/,
+#                  runs/NAME/): BART's cased text and GPT-2 BPE beside the from-scratch runs' folders in one OUT_DIR
+#                  (a raw/ of the other text form is refused at stage 3).
 #   Examples:
 #       bash examples/commongen/run.sh                                   # transformer on concepts
 #       PRETRAINED=bart.large bash examples/commongen/run.sh              # EKI-BART (eki_bart_large)
@@ -110,6 +111,9 @@ if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task,
   esac
   MINUTES=${MINUTES:-0}
   BPE_DECODE_ARGS="--bpe gpt2 $GPT2_ARGS"
+  # BART's text, BPE and dictionary differ from the from-scratch runs': its stages write under OUT/bart (raw/, bpe/,
+  # bin*/, runs/), so that both kinds of run live in one OUT
+  OUT=$OUT/bart
 fi
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}

@@ -61,7 +61,7 @@ MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_
 # WebNLG's format needs none); set but empty: no held-out categories
 if [ -z "${HELDOUT+x}" ]; then
   HELDOUT=$(for c in Astronaut Monument University; do
-    grep -rqsF "category=\"$c\"" "$DATA/train" && echo "$c"; done | paste -sd, -)
+    if grep -rqsF "category=\"$c\"" "$DATA/train"; then echo "$c"; fi; done | paste -sd, -)
 fi
 TRAIN_ARGS=${TRAIN_ARGS:-}
 ENTITIES=${ENTITIES:-$([ "$BPE_OPS" = 0 ] && echo 1 || echo 0)}; ENTITY_SURFACE=${ENTITY_SURFACE:-text}

@@ -86,3 +86,23 @@ def test_a_failed_decode_keeps_the_earlier_output(tmp_path):
     assert "failed as it should" in lines[1] and lines[2] == "earlier output"
     assert lines[3:] == ["H-0\t-0.1\thalf", "H-1\t-0.2\tall"]
     assert not temps(tmp_path)
+
+
+def test_a_resumed_training_keeps_the_earlier_log(tmp_path):
+    """train_logged appends to RUN/train.log: the first run's lines survive a rerun (a resume), each run after a
+    header line of its own (a stand-in fairseq-train that writes one line and a checkpoint)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    train = fake / "fairseq-train"
+    train.write_text('#!/bin/bash\necho "run $RUN_NO"\nmkdir -p "$4"; touch "$4/checkpoint_best.pt" "$4/checkpoint_last.pt"\n')
+    train.chmod(0o755)
+    proc = bash(tmp_path, f"""
+        BIN={fake}
+        RUN_NO=1 train_logged "$OUT/runs/x" data-bin
+        RUN_NO=2 train_logged "$OUT/runs/x" data-bin
+        cat "$OUT/runs/x/train.log"
+    """)
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stdout.splitlines()
+    assert [x for x in log if x.startswith("run ")] == ["run 1", "run 2"]
+    assert sum(x.startswith("== ") and "fairseq-train into" in x for x in log) == 2

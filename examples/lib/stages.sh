@@ -78,8 +78,8 @@ remove_stray_temps() {
 remove_stray_temps
 
 # train_logged RUN_DIR fairseq-train-args...: fairseq-train --user-dir fairseq_knowgen into RUN_DIR/checkpoints
-# (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log in
-# RUN_DIR/train.log and its train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
+# (no epoch checkpoints unless KEEP_EPOCHS > 0, no progress bar, any batch size, $DEVICE_ARGS last), its log appended
+# to RUN_DIR/train.log and its train/valid lines on stdout; the arguments come after these flags (so they can override them). Fails, with the
 # log's last lines, when fairseq-train fails or leaves no checkpoint_best.pt.
 train_logged() {
   local run=$1; shift
@@ -90,9 +90,12 @@ train_logged() {
   [ -f "$run/checkpoints/checkpoint_last.pt" ] || rm -f "$run/checkpoints/checkpoint_best.pt"
   local epochs=--no-epoch-checkpoints
   [ "${KEEP_EPOCHS:-0}" = 0 ] || epochs="--keep-last-epochs $KEEP_EPOCHS"
+  # the log is appended to: a rerun that resumes keeps the earlier runs' lines after a header line of its own
+  echo "== $(date '+%F %T') fairseq-train into $run/checkpoints (resumes checkpoint_last.pt when there is one)" \
+    >> "$run/train.log"
   # shellcheck disable=SC2086
   if ! $BIN/fairseq-train --user-dir fairseq_knowgen --save-dir "$run/checkpoints" $epochs \
-    --no-progress-bar --required-batch-size-multiple 1 "$@" $DEVICE_ARGS 2>&1 | tee "$run/train.log" \
+    --no-progress-bar --required-batch-size-multiple 1 "$@" $DEVICE_ARGS 2>&1 | tee -a "$run/train.log" \
     | { grep -E "\| (train|valid) \|" || true; }; then
     echo "fairseq-train failed; the last lines of $run/train.log:"
     tail -n 20 "$run/train.log"

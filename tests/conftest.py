@@ -58,6 +58,7 @@ SLOW_FILES = {
     "test_gpu_check.py", "test_constrained_decoding_docs.py", "test_convert_gpt2.py", "test_checkpoints.py",
     "test_eki.py", "test_dimattn_models.py", "test_kbert_model.py", "test_force_copy.py", "test_composed.py",
     "test_demo_data.py", "test_profile_cocon_decode.py", "test_clean_exit.py", "test_readme_own_data.py",
+    "test_pointer_generator_peer.py", "test_constraints.py",
 }  # fmt: skip
 
 

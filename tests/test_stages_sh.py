@@ -22,6 +22,15 @@ def bash(tmp_path, script):
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
+def stand_in(tmp_path, tool, script):
+    """tmp_path/bin/TOOL: an executable bash script standing in for a fairseq command; returns tmp_path/bin."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / tool).write_text("#!/bin/bash\n" + script)
+    (fake / tool).chmod(0o755)
+    return fake
+
+
 def temps(folder):
     return [n for _, dirs, names in os.walk(folder) for n in dirs + names if n.startswith(".tmp-")]
 
@@ -68,11 +77,8 @@ def test_strays_of_dead_writers_are_removed(tmp_path):
 
 
 def test_a_failed_decode_keeps_the_earlier_output(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    gen = fake / "fairseq-generate"
-    gen.write_text("#!/bin/bash\nprintf 'H-0\\t-0.1\\thalf\\n'\n[ \"$FAIL\" = 1 ] && exit 1\nprintf 'H-1\\t-0.2\\tall\\n'\n")
-    gen.chmod(0o755)
+    fake = stand_in(tmp_path, "fairseq-generate",
+                    "printf 'H-0\\t-0.1\\thalf\\n'\n[ \"$FAIL\" = 1 ] && exit 1\nprintf 'H-1\\t-0.2\\tall\\n'\n")
     proc = bash(tmp_path, f"""
         BIN={fake}; RUN=$OUT/runs/x; DATA_BIN=$OUT/bin; BEAM=5; mkdir -p "$RUN/checkpoints"
         printf 'earlier output\\n' > "$RUN/valid.out"
@@ -91,11 +97,8 @@ def test_a_failed_decode_keeps_the_earlier_output(tmp_path):
 def test_a_resumed_training_keeps_the_earlier_log(tmp_path):
     """train_logged appends to RUN/train.log: the first run's lines survive a rerun (a resume), each run after a
     header line of its own (a stand-in fairseq-train that writes one line and a checkpoint)."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    train = fake / "fairseq-train"
-    train.write_text('#!/bin/bash\necho "run $RUN_NO"\nmkdir -p "$4"; touch "$4/checkpoint_best.pt" "$4/checkpoint_last.pt"\n')
-    train.chmod(0o755)
+    fake = stand_in(tmp_path, "fairseq-train",
+                    'echo "run $RUN_NO"\nmkdir -p "$4"; touch "$4/checkpoint_best.pt" "$4/checkpoint_last.pt"\n')
     proc = bash(tmp_path, f"""
         BIN={fake}
         RUN_NO=1 train_logged "$OUT/runs/x" data-bin

@@ -23,6 +23,7 @@ LAYERS = {
     "checkpoint_compat": 0,
     "exact_resume": 0,
     "clean_exit": 0,
+    "deferred_registration": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
     "optim_utils": 1,

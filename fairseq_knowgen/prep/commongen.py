@@ -38,7 +38,6 @@ import argparse
 import os
 from typing import List, Optional, Tuple
 
-from ..data.eki_dataset import encode_source
 from ..text import moses_tokenize
 from ..textio import cli_entry, output_folder, read_lines, read_parallel
 from .common import ensure_dir, write_jsonl, write_lines
@@ -126,6 +125,8 @@ def gpt2_bpe(encoder_json: str, vocab_bpe: str, in_dir: str, out_dir: str, names
     ``<sep>`` (or ``<ent-K>``, ``<unk-N>``) encoded apart, the symbol kept whole between them
     (:func:`~fairseq_knowgen.data.eki_dataset.encode_source`): GPT-2's decoder gives the text back."""
     from fairseq.data.encoders.gpt2_bpe import GPT2BPE, GPT2BPEConfig
+
+    from ..data.eki_dataset import encode_source  # here: the other stages need neither torch nor fairseq
 
     bpe = GPT2BPE(GPT2BPEConfig(gpt2_encoder_json=encoder_json, gpt2_vocab_bpe=vocab_bpe))
     ensure_dir(out_dir)

@@ -52,7 +52,7 @@ NO_PREFETCH_THREAD = ["--data-buffer-size", "0"]
 # the files whose tests train and decode through fairseq's command lines or run whole recipes: marked ``slow``, so
 # that ``bash scripts/test.sh -m "not slow"`` is the quick subset (README, "Extending and testing")
 SLOW_FILES = {
-    "test_recipes.py", "test_cocon_recipe.py", "test_kbert_recipe.py", "test_commongen_pretrained.py",
+    "test_recipes.py", "test_recipes_commongen.py", "test_cocon_recipe.py", "test_kbert_recipe.py", "test_commongen_pretrained.py",
     "test_cocon.py", "test_cocon_learning.py", "test_cocon_ddp.py", "test_ddp.py", "test_ddp_c10d.py",
     "test_eki_interactive.py", "test_interactive.py", "test_kbert_pretrained.py", "test_kbert_generation.py",
     "test_gpu_check.py", "test_constrained_decoding_docs.py", "test_convert_gpt2.py", "test_checkpoints.py",

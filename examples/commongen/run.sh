@@ -211,15 +211,9 @@ if stage 4; then
   fi
   stage_binarize "$OUT/bin" src "${dict[@]}"
   stage_binarize "$OUT/bin-eki" eki.src "${dict_eki[@]}"
-  # shellcheck disable=SC2086
-  stage_binarize_extra "$OUT/bin" src $extra
-  # shellcheck disable=SC2086
-  stage_binarize_extra "$OUT/bin-eki" eki.src $extra
   eki_bins=(bin-eki)
   if [ -f "$OUT/bpe/train.eki-ood.src" ]; then
     stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
-    # shellcheck disable=SC2086
-    stage_binarize_extra "$OUT/bin-eki-ood" eki-ood.src $extra
     eki_bins+=(bin-eki-ood)
   else
     rm -rf "$OUT/bin-eki-ood"

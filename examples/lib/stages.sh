@@ -35,7 +35,7 @@ CRITERION_ARGS=${CRITERION_ARGS:---label-smoothing 0.1}
 TASK_ARGS=${TASK_ARGS:-}
 
 # eval_splits: the evaluation splits stage 1 wrote to raw/eval_splits (valid, then e.g. heldout, test...);
-# extra_splits: those other than valid (binarized apart with stage_binarize_extra)
+# extra_splits: those other than valid (binarized with train and valid: stage_binarize)
 eval_splits() { cat "$OUT/raw/eval_splits"; }
 extra_splits() { grep -vx valid "$OUT/raw/eval_splits" || true; }
 # stage N: whether stage N is between STAGE and STOP_STAGE; hours MINUTES: MINUTES in hours (--stop-time-hours)
@@ -115,34 +115,29 @@ stage_bpe() {
   done
 }
 
-# stage_binarize DEST SRCLANG [fairseq-preprocess args]: binarize bpe/{train,valid}.{SRCLANG,tgt} into DEST
-# (joined dictionary; pass --srcdict to reuse one)
+# stage_binarize DEST SRCLANG [fairseq-preprocess args]: binarize bpe/{train,valid}.{SRCLANG,tgt} and the extra
+# evaluation splits bpe/SPLIT.{SRCLANG,tgt} (extra_splits) into DEST, in one fairseq-preprocess (the dictionary is
+# built from train alone; fairseq names the extra splits test, test1...: they are renamed SPLIT.*, which fairseq's
+# tasks load by name: --gen-subset SPLIT)
 stage_binarize() {
-  local dest=$1 src=$2 split tmp; shift 2
-  for split in train valid; do same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"; done
+  local dest=$1 src=$2 split tmp f name i=0 extra testpref=(); shift 2
+  mapfile -t extra < <(extra_splits)
+  for split in train valid "${extra[@]}"; do same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"; done
+  [ ${#extra[@]} -eq 0 ] || testpref=(--testpref "$(printf "$OUT/bpe/%s," "${extra[@]}" | sed 's/,$//')")
   # into a temporary folder that replaces DEST only when fairseq-preprocess succeeded
   tmp="$(dirname "$dest")/.tmp-$$-$(basename "$dest")"
   rm -rf "$tmp"
   $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --joined-dictionary \
-    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "$@" --destdir "$tmp" --workers 2 \
+    --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "${testpref[@]}" "$@" --destdir "$tmp" --workers 2 \
     > "$dest.log" 2>&1 || { rm -rf "$tmp"; echo "fairseq-preprocess failed: see $dest.log"; return 1; }
-  rm -rf "$dest" && mv "$tmp" "$dest"
-}
-
-# stage_binarize_extra DEST SRCLANG SPLIT...: binarize bpe/SPLIT.{SRCLANG,tgt} with DEST's dictionaries into
-# DEST/SPLIT.* (fairseq tasks load any split name: --gen-subset SPLIT)
-stage_binarize_extra() {
-  local dest=$1 src=$2 split tmp f; shift 2
-  for split in "$@"; do
-    same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"
-    tmp="$(dirname "$dest")/.tmp-$$-$(basename "$dest")-$split"
-    rm -rf "$tmp"
-    $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --srcdict "$dest/dict.$src.txt" \
-      --tgtdict "$dest/dict.tgt.txt" --testpref "$OUT/bpe/$split" --destdir "$tmp" --workers 2 \
-      > "$dest.$split.log" 2>&1 || { echo "fairseq-preprocess failed: see $dest.$split.log"; return 1; }
-    for f in "$tmp"/test.*; do mv "$f" "$dest/$split.${f#"$tmp"/test.}"; done
-    rm -rf "$tmp"
+  mkdir "$tmp/named"
+  for split in "${extra[@]}"; do
+    name=test$([ $i -eq 0 ] || echo $i) i=$((i + 1))
+    for f in "$tmp/$name".*; do mv "$f" "$tmp/named/$split.${f#"$tmp/$name".}"; done
   done
+  mv "$tmp"/named/* "$tmp"/ 2>/dev/null || true
+  rmdir "$tmp/named"
+  rm -rf "$dest" && mv "$tmp" "$dest"
 }
 
 # stage_constraints [--prototypes P] KIND DEST SRC SPLIT...: DEST/SPLIT.cons from the encoded source bpe/SPLIT.SRC

@@ -112,8 +112,6 @@ if stage 3; then
     stage_binarize "$DATA_BIN" src --srcdict "$OUT/bpe/dict.txt"
   fi
   # shellcheck disable=SC2046
-  stage_binarize_extra "$DATA_BIN" src $(extra_splits)
-  # shellcheck disable=SC2046
   stage_constraints entities "$DATA_BIN" src $(eval_splits)  # every source entity, as encoded (CONSTRAINTS=1)
 fi
 if stage 4; then

@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from test_recipes import commongen_split, webnlg_entries, webnlg_xml
+from test_recipes import webnlg_entries, webnlg_xml
+from test_recipes_commongen import commongen_split
 
 PREP = """
 import sys

@@ -4,7 +4,9 @@
 #   bash scripts/test.sh -m "not slow"            # the quick subset (tests/conftest.py: SLOW_FILES)
 # Unless the arguments choose otherwise (-n N, -p no:xdist), the tests run on every core (pytest-xdist -n auto), one
 # test file per worker at a time (--dist loadfile: a file's fixtures are built once). On 2 cores a fresh clone's suite
-# took 26 min 30 s (--dist worksteal: 26 min 45 s; one process: about 45 min): the suite is 44 minutes of CPU.
+# took 18 min 16 s and 22 min 36 s in two runs of the same code, the machine ~25% slower in the second (26 min 30 s
+# before the text tools stopped importing fairseq and the CommonGen recipe tests shared their data stages; one
+# process: about 45 min).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh

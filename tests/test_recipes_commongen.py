@@ -57,7 +57,7 @@ def test_commongen_recipe_scores_a_test_split(prepared, tmp_path):
     data, corpus, out = copy_of(prepared, tmp_path)
     run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", STAGE="5")
     assert (out / "raw" / "eval_splits").read_text().split() == ["valid", "test"]
-    # CommonGen's own tuned defaults reach fairseq-train (README "Tuning the one-hour recipe")
+    # CommonGen's own tuned defaults reach fairseq-train (docs/results/commongen.md, "Tuning the one-hour recipe")
     log = (out / "runs" / "transformer" / "train.log").read_text()
     assert "'lr': [0.002]" in log and "dropout=0.3," in log
     for split, n in (("valid", 5), ("test", 4)):

@@ -132,7 +132,7 @@ case $INPUT in concepts) DATA_BIN=$OUT/bin SRC_BPE=src PROTO_BPE=eki.src ;;
   eki|eki-ood) DATA_BIN=$OUT/bin-$INPUT SRC_BPE=$INPUT.src PROTO_BPE=$INPUT.src ;;
   *) echo "INPUT must be concepts, eki or eki-ood"; exit 2 ;; esac
 mkdir -p "$OUT"
-# measured on CommonGen dev at 60 minutes of one core (README "Tuning the one-hour recipe"): +0.5 BLEU-4 with the
+# measured on CommonGen dev at 60 minutes of one core (docs/results/commongen.md, "Tuning the one-hour recipe"): +0.5 BLEU-4 with the
 # trigram blocker, +0.7 with constraints and the blocker over stages.sh's 1e-3 / 1,000 / 0.2
 LR=${LR:-2e-3}; WARMUP=${WARMUP:-500}; DROPOUT=${DROPOUT:-0.3}
 . "$ROOT/examples/lib/stages.sh"

@@ -18,13 +18,13 @@ from fairseq.data import Dictionary
 from test_convert_hf_bart import released_or_stand_in
 from test_eki_bart_released import write_released_bart
 from test_recipes import RECIPE_ENV
+from test_recipes_commongen import commongen_split
 
 TINY = (
     "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 16 --decoder-embed-dim 16 "
     "--encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 --decoder-attention-heads 2"
 )
 ENV = dict(UPDATE_FREQ="1")  # with test_recipes.RECIPE_ENV: 3 updates, warm-up 1, beam 2, no prefetch thread
-CONCEPTS = "dog frisbee catch ball throw kid park run field jump river boat swim sit tree".split()
 
 
 def run_recipe(script, *args, **env):
@@ -39,15 +39,10 @@ def run_recipe(script, *args, **env):
 
 def cased_split(rng, data, name, n_sets):
     """CommonGen files whose references are cased, untokenized sentences (as released)."""
-    src, tgt = [], []
-    for _ in range(n_sets):
-        a, b, c = rng.sample(CONCEPTS, 3)
-        for r in range(2):
-            src.append(f"{a} {b} {c}")
-            tgt.append(f"The {a.capitalize()} and the {b} {c} {'here' if r else 'in Central Park'}.")
-    (data / f"commongen.{name}.src_alpha.txt").write_text("\n".join(src) + "\n")
-    (data / f"commongen.{name}.tgt.txt").write_text("\n".join(tgt) + "\n")
-    return tgt
+    return commongen_split(
+        rng, data, name, n_sets,
+        reference=lambda a, b, c, r: f"The {a.capitalize()} and the {b} {c} {'here' if r else 'in Central Park'}.",
+    )  # fmt: skip
 
 
 def assert_fine_tuned_from(ckpt, released, sep_row=None, tol=2e-3):

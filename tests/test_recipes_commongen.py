@@ -17,16 +17,22 @@ from test_recipes import RECIPE_ENV, run_recipe
 CONCEPTS = "dog frisbee catch ball throw kid park run field jump river boat swim sit tree".split()
 
 
-def commongen_split(rng, data, name, n_sets, with_refs=True):
+def lowercased_reference(a, b, c, r):
+    return f"the {a} and the {b} {c} {'here' if r else 'there'} ."
+
+
+def commongen_split(rng, data, name, n_sets, with_refs=True, reference=lowercased_reference):
+    """CommonGen files of ``n_sets`` concept sets, two references each (``reference(a, b, c, r)``); the references."""
     src, tgt = [], []
     for _ in range(n_sets):
         a, b, c = rng.sample(CONCEPTS, 3)
         for r in range(2):
             src.append(f"{a} {b} {c}")
-            tgt.append(f"the {a} and the {b} {c} {'here' if r else 'there'} .")
+            tgt.append(reference(a, b, c, r))
     (data / f"commongen.{name}.src_alpha.txt").write_text("\n".join(src) + "\n")
     if with_refs:
         (data / f"commongen.{name}.tgt.txt").write_text("\n".join(tgt) + "\n")
+    return tgt
 
 
 @pytest.fixture(scope="module")

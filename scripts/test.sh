@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1
-parallel=(-n auto --dist loadfile)
+parallel=(-n auto --dist loadfile --no-loadscope-reorder)
 for a in "$@"; do
   case $a in -n | -n* | --numprocesses* | no:xdist) parallel=() ;; esac
 done

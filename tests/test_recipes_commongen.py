@@ -53,9 +53,13 @@ def prepared(tmp_path_factory):
     return data, corpus, out
 
 
-def copy_of(prepared, tmp_path):
+def copy_of(prepared, tmp_path, eval_splits=None):
+    """A copy of the prepared OUT; ``eval_splits``: the evaluation splits its decoding stages read (stage 1 wrote
+    valid and test to raw/eval_splits)."""
     data, corpus, out = prepared
     shutil.copytree(out, tmp_path / "out")
+    if eval_splits:
+        (tmp_path / "out" / "raw" / "eval_splits").write_text("\n".join(eval_splits) + "\n")
     return data, corpus, tmp_path / "out"
 
 
@@ -170,7 +174,7 @@ def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(
         cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CHECKPOINT="newest", STAGE="6"),
     )  # fmt: skip
     assert bad.returncode == 2 and "CHECKPOINT must be best, last or avgN" in bad.stdout
-    data, corpus, out = copy_of(prepared, tmp_path)
+    data, corpus, out = copy_of(prepared, tmp_path, eval_splits=["valid"])  # the test split: decoded by the test above
     # KEEP_EPOCHS=2 and the recipe's own hyper-parameter variables reach fairseq-train
     run_recipe("examples/commongen/run.sh", data, out, corpus, BPE_OPS="50", KEEP_EPOCHS="2", LR="7e-4",
                DROPOUT="0.15", STAGE="5")  # fmt: skip

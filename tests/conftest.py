@@ -62,17 +62,17 @@ SLOW_FILES = {
 }  # fmt: skip
 
 
-# the files that take longest, longest first (seconds each on 2 cores, pytest --durations=0, 2026-12-07: 264 down to
-# 41). scripts/test.sh hands whole files to the two workers in collection order (--dist loadfile
-# --no-loadscope-reorder), so these start first and the short files fill in at the end; in xdist's default order (the
-# files with most tests first) the recipe files, few tests each, came last and one core sat idle for minutes.
+# the files that take longest, longest first (264 down to 41 s each on 2 cores, pytest --durations=0, 2026-12-07).
+# scripts/test.sh hands whole files to the workers in collection order (--dist loadfile --no-loadscope-reorder): the
+# long files start first and short ones fill in at the end, so no long file runs alone at the end on one core. (In
+# xdist's default order, most tests first, the few-test recipe files came last; in two runs they still ended even.)
 LONGEST_FIRST = (
-    "test_recipes_commongen.py", "test_cocon_recipe.py", "test_kbert_recipe.py", "test_ddp_c10d.py", "test_constraints.py",
-    "test_gpu_check.py", "test_ddp.py", "test_recipes.py", "test_commongen_pretrained.py", "test_kbert_pretrained.py",
-    "test_interactive.py", "test_cocon_learning.py", "test_demo_data.py", "test_cocon.py", "test_checkpoints.py",
-    "test_composed.py", "test_kbert_generation.py", "test_constrained_decoding_docs.py", "test_force_copy.py",
-    "test_readme_own_data.py", "test_dimattn_models.py", "test_kbert.py", "test_kbert_model.py", "test_clean_exit.py",
-    "test_eki.py",
+    "test_recipes_commongen.py", "test_cocon_recipe.py", "test_kbert_recipe.py", "test_ddp_c10d.py",
+    "test_constraints.py", "test_gpu_check.py", "test_ddp.py", "test_recipes.py", "test_commongen_pretrained.py",
+    "test_kbert_pretrained.py", "test_interactive.py", "test_cocon_learning.py", "test_demo_data.py", "test_cocon.py",
+    "test_checkpoints.py", "test_composed.py", "test_kbert_generation.py", "test_constrained_decoding_docs.py",
+    "test_force_copy.py", "test_readme_own_data.py", "test_dimattn_models.py", "test_kbert.py", "test_kbert_model.py",
+    "test_clean_exit.py", "test_eki.py",
 )  # fmt: skip
 
 

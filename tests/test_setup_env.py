@@ -57,3 +57,11 @@ def test_second_setup_waits_for_the_first(tmp_path):
     assert "another set-up is running" in out.stderr
     assert waited >= 2.0  # it ran only after the holder released the lock
     assert out.returncode == 2  # then went on (and met the old Python)
+
+
+def test_an_installed_checkout_is_recognised_without_installing():
+    """In this checkout (set up by scripts/test.sh) the script finds everything installed and installs nothing: the
+    recipes and demo.sh call it at every run. (Its check reads the installed distributions' metadata: fairseq-fixed
+    at its version owns the `fairseq` import name; it does not import fairseq.)"""
+    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "[setup]" not in out.stderr, out.stderr[-2000:]

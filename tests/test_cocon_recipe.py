@@ -93,7 +93,7 @@ def run_recipe(data, out, **env):
         capture_output=True,
         text=True,
         timeout=3600,  # minutes on an idle core; far longer on a core shared with trainings
-        env=dict(os.environ, **RECIPE_ENV, **env),
+        env={**os.environ, **RECIPE_ENV, **env},  # env wins over RECIPE_ENV
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 

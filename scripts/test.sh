@@ -6,7 +6,8 @@
 # one: tests wait on their child processes, on timeouts and on DDP rendezvous, and with one worker per core the cores
 # sat idle 10% of the run (207 of 2,105 core-seconds, /proc/stat), with one more 2% (40 of 2,019). A worker takes one
 # test file at a time (--dist loadfile: a file's fixtures are built once), the longest files first
-# (tests/conftest.py: LONGEST_FIRST). On 2 cores, a clone's second run (after set-up): 16 min 48 s with 3 workers,
+# (tests/conftest.py: LONGEST_FIRST). On 2 cores, a clone's second run (after set-up): 16 min 48 s and 18 min 33 s
+# (the same work took 10% more CPU time: the machine) with 3 workers,
 # 17 min 18 s with 2 (one test failing early, about 60 s of work not done) on 2026-12-07; 20 min 51 s and 21 min 33 s
 # the same day before the recipes' set-up check stopped importing fairseq (3-4 s at each of ~60 recipe runs), 18 min
 # 16 s and 22 min 36 s on 2026-12-06; one process: about 45 min.

@@ -78,10 +78,10 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if os.path.basename(str(item.fspath)) in SLOW_FILES:
+        if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))  # stable: files stay whole
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 
 
 def run_cli(tool, *args, check=True, timeout=600, env=None):

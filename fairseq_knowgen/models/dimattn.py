@@ -64,8 +64,8 @@ def add_dimattn_args(parser):
         "--dimattn-layers",
         type=str,
         metavar="L",
-        help="decoder layers with diminishing cross-attention: 'all' or a "
-        "comma list of indices, negative from the end (default: -1)",
+        help="decoder layers with diminishing cross-attention: 'all' or a comma list of indices, negative from the "
+        "end (default: -1, the last; the copy layer in a model with the copy head)",
     )
 
 

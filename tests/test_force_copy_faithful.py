@@ -1,6 +1,9 @@
 """The copy head as "May the Force Be with Your Copy Mechanism" writes it, computed here in plain PyTorch from
-the paper and the transformer's attention, against ``copy_transformer`` with random non-zero switch weights:
+the paper and the transformer's attention, against ``copy_transformer`` with random non-zero weights:
 
+- Eq. 4: P_vocab = softmax(W'_v (W_v [s_t; c_t] + b) + b') with ``--copy-p-vocab eq4``; the default
+  (``output``) is not Eq. 4 but fairseq's output projection of s_t alone, P_vocab = softmax(W_o s_t), and the
+  reference computes that for the other variants;
 - Eq. 5: p_gen = sigmoid(w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr), c_t = sum_i alpha_{t,i} h_i (Eq. 3);
 - Eq. 6: P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{i: x_i = w} alpha_{t,i}, P_vocab(w) = 0 for a word outside
   the vocabulary (an ``<unk-N>`` placeholder);
@@ -25,6 +28,7 @@ VARIANTS = {
     "default": [],
     "renormalized": ["--copy-alpha", "renormalized"],
     "all-heads": ["--copy-heads", "all"],
+    "eq4": ["--copy-p-vocab", "eq4"],
 }
 
 
@@ -35,12 +39,17 @@ def build(data, *flags):
 
 
 def randomize_switch(model, seed=0):
-    """w_h, w_s, w_y and b_ptr of Eq. 5 drawn at random (non-zero), large enough that each part moves p_gen."""
+    """w_h, w_s, w_y and b_ptr of Eq. 5 drawn at random (non-zero), large enough that each part moves p_gen; with
+    ``--copy-p-vocab eq4`` also W_v, b and b' of Eq. 4 (W'_v, the output projection, is random already)."""
     gen = torch.Generator().manual_seed(seed)
-    switch = model.decoder.copy_generator.switch
+    head = model.decoder.copy_generator
     with torch.no_grad():
-        switch.weight.copy_(torch.randn(switch.weight.shape, generator=gen) * 0.2)
-        switch.bias.copy_(torch.randn(switch.bias.shape, generator=gen) * 0.5)
+        head.switch.weight.copy_(torch.randn(head.switch.weight.shape, generator=gen) * 0.2)
+        head.switch.bias.copy_(torch.randn(head.switch.bias.shape, generator=gen) * 0.5)
+        if head.p_vocab == "eq4":
+            head.vocab_hidden.weight.copy_(torch.randn(head.vocab_hidden.weight.shape, generator=gen) * 0.3)
+            head.vocab_hidden.bias.copy_(torch.randn(head.vocab_hidden.bias.shape, generator=gen) * 0.3)
+            head.vocab_bias.copy_(torch.randn(head.vocab_bias.shape, generator=gen))
 
 
 def cross_attention_inputs(model, net):
@@ -60,9 +69,11 @@ def cross_attention_inputs(model, net):
     return seen["query"], seen["key"], seen["key_padding_mask"]
 
 
-def paper_copy_head(model, task, net, alpha_mode, heads):
+def paper_copy_head(model, task, net, alpha_mode, heads, p_vocab="output"):
     """Eq. 2-6 from the paper, float64, for the model's own weights. ``heads``: how many heads alpha averages
-    (1: one attention distribution). Returns alpha ``B x T x S``, p_gen ``B x T`` and P ``B x T x V``."""
+    (1: one attention distribution). ``p_vocab``: ``eq4``, P_vocab of Eq. 4 from [s_t; c_t]; ``output``, the
+    package's default in its place (the output projection of s_t, not Eq. 4). Returns alpha ``B x T x S``, p_gen
+    ``B x T``, P ``B x T x V``, the three terms of Eq. 5's logit and log P_vocab ``B x T x V``."""
     d = task.target_dictionary
     dec = model.decoder
     src, prev = net["src_tokens"], net["prev_output_tokens"]
@@ -93,11 +104,17 @@ def paper_copy_head(model, task, net, alpha_mode, heads):
     w_h, w_s, w_y = w[: c_t.size(-1)], w[c_t.size(-1) : c_t.size(-1) + s_t.size(-1)], w[-y_t.size(-1) :]
     b_ptr = dec.copy_generator.switch.bias.double()[0]
     p_gen = torch.sigmoid(c_t @ w_h + s_t @ w_s + y_t @ w_y + b_ptr)  # Eq. 5
-    logits = (s_t @ dec.output_projection.weight.double().T).masked_fill(placeholders, -math.inf)
-    p_vocab = torch.softmax(logits, -1)  # Eq. 4; 0 for the placeholders (outside the vocabulary)
+    w_out = dec.output_projection.weight.double()  # W'_v of Eq. 4 / W_o of the default
+    if p_vocab == "eq4":  # Eq. 4: W'_v (W_v [s_t; c_t] + b) + b'
+        w_v, b = dec.copy_generator.vocab_hidden.weight.double(), dec.copy_generator.vocab_hidden.bias.double()
+        logits = (torch.cat([s_t, c_t], -1) @ w_v.T + b) @ w_out.T + dec.copy_generator.vocab_bias.double()
+    else:  # the package's default, not Eq. 4: fairseq's output projection of s_t alone
+        logits = s_t @ w_out.T
+    logits = logits.masked_fill(placeholders, -math.inf)
+    p_vocab = torch.softmax(logits, -1)  # 0 for the placeholders (outside the vocabulary)
     copy = torch.einsum("bts,bsv->btv", alpha, F.one_hot(src, len(d)).double())  # sum_{i: x_i = w} alpha_{t,i}
     probs = p_gen.unsqueeze(-1) * p_vocab + (1 - p_gen.unsqueeze(-1)) * copy  # Eq. 6
-    return alpha, p_gen, probs, (c_t @ w_h, s_t @ w_s, y_t @ w_y)
+    return alpha, p_gen, probs, (c_t @ w_h, s_t @ w_s, y_t @ w_y), torch.log_softmax(logits, -1)
 
 
 def heads_of(name, model):
@@ -106,6 +123,10 @@ def heads_of(name, model):
 
 def alpha_of(name):
     return "renormalized" if name == "renormalized" else "raw"
+
+
+def p_vocab_of(name):
+    return "eq4" if name == "eq4" else "output"
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -118,7 +139,9 @@ def test_p_gen_is_eq5_with_random_switch_weights(word_level_bin, name):
     net = first_batch(task)["net_input"]
     with torch.no_grad():
         extra = model(**net)[1]
-    alpha, p_gen, _, terms = paper_copy_head(model, task, net, alpha_of(name), heads_of(name, model))
+    alpha, p_gen, _, terms, _ = paper_copy_head(
+        model, task, net, alpha_of(name), heads_of(name, model), p_vocab_of(name)
+    )
     real = net["prev_output_tokens"].ne(task.target_dictionary.pad())
     for term in terms:  # every part of Eq. 5 contributes
         assert term[real].abs().mean() > 0.02
@@ -137,7 +160,9 @@ def test_mixture_is_eq6_in_decoding_training_and_the_loss(word_level_bin, name):
     sample = first_batch(task)
     net = sample["net_input"]
     model.eval()
-    alpha, _, probs, _ = paper_copy_head(model, task, net, alpha_of(name), heads_of(name, model))
+    alpha, _, probs, _, _ = paper_copy_head(
+        model, task, net, alpha_of(name), heads_of(name, model), p_vocab_of(name)
+    )
     d = task.target_dictionary
     real = net["prev_output_tokens"].ne(d.pad())
     expected = probs.log()
@@ -160,6 +185,65 @@ def test_mixture_is_eq6_in_decoding_training_and_the_loss(word_level_bin, name):
     at_target = expected.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     keep = target.ne(d.pad()) & torch.isfinite(at_target)
     assert float(log["nll_loss"]) == pytest.approx(-at_target[keep].sum().item(), rel=1e-4)
+
+
+def test_p_vocab_is_eq4_with_random_weights(word_level_bin):
+    """``--copy-p-vocab eq4``: log P_vocab of the model (training and decoding) against Eq. 4 computed here,
+    softmax(W'_v (W_v [s_t; c_t] + b) + b'), with random non-zero W_v, b, b' and the model's W'_v (its output
+    projection, untied here); c_t moves it, and it is not the default's softmax(W_o s_t)."""
+    task, model, _ = build(word_level_bin / "bin", *VARIANTS["eq4"])
+    randomize_switch(model, seed=2)
+    net = first_batch(task)["net_input"]
+    model.eval()
+    _, _, _, _, expected = paper_copy_head(model, task, net, "raw", 1, "eq4")
+    _, _, _, _, default = paper_copy_head(model, task, net, "raw", 1, "output")
+    real = net["prev_output_tokens"].ne(task.target_dictionary.pad())
+    head = model.decoder.copy_generator
+    c_columns = head.vocab_hidden.weight[:, model.decoder.output_embed_dim :]
+    with torch.no_grad():
+        model.train()  # dropout 0: training mode only keeps log P_vocab in the extras
+        got = model(**net)[1]["vocab_lprobs"].double()
+        without_c = c_columns.clone()
+        c_columns.zero_()
+        no_context = model(**net)[1]["vocab_lprobs"].double()
+        c_columns.copy_(without_c)
+    finite = torch.isfinite(expected[real])
+    assert torch.equal(torch.isfinite(got[real]), finite)
+    torch.testing.assert_close(got[real][finite], expected[real][finite], atol=1e-5, rtol=1e-4)
+    # c_t's part of W_v [s_t; c_t] moves P_vocab, and Eq. 4 is another distribution than the default's
+    assert (no_context[real][finite] - got[real][finite]).abs().max() > 0.1
+    assert (default[real][finite] - expected[real][finite]).abs().max() > 0.1
+
+
+def test_eq4_adds_w_v_b_and_b_prime_and_trains_them(word_level_bin):
+    """Eq. 4 adds W_v, b (``vocab_hidden``) and b' (``vocab_bias``) to the default's parameters, W'_v being the
+    output projection (no second V x C matrix); one training step moves each of them; decoding step by step gives
+    the whole-prefix output."""
+    from helpers import decode_full_and_stepwise
+
+    _, default, _ = build(word_level_bin / "bin")
+    task, model, args = build(word_level_bin / "bin", *VARIANTS["eq4"])
+    new = set(dict(model.named_parameters())) - set(dict(default.named_parameters()))
+    prefix = "decoder.copy_generator."
+    assert new == {prefix + "vocab_hidden.weight", prefix + "vocab_hidden.bias", prefix + "vocab_bias"}
+    assert model.args.copy_p_vocab == "eq4" and default.args.copy_p_vocab == "output"
+    sample = first_batch(task, split="valid")
+    randomize_switch(model, seed=3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    loss, _, _ = task.build_criterion(args)(model, sample)
+    loss.backward()
+    optimizer.step()
+    for name in new | {"decoder.output_projection.weight"}:
+        assert not torch.equal(before[name], dict(model.named_parameters())[name]), name
+    model.eval()
+    net = sample["net_input"]
+    with torch.no_grad():
+        enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+    full, steps = decode_full_and_stepwise(model, enc, net["prev_output_tokens"])
+    stepwise = torch.cat([out[0] for out in steps], dim=1)
+    torch.testing.assert_close(stepwise, full[0], atol=1e-5, rtol=1e-4)
 
 
 def old_and_fresh(data, tmp_path, *, arch="copy_transformer", task_name="translation", flags=(), **changes):

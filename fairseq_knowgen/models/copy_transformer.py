@@ -19,6 +19,12 @@ before ``--copy-alpha`` existed (its args have no ``copy_alpha``) was trained wi
 (renormalized alpha, all heads unless it set ``--copy-heads``) and loads that way, with the
 choice written into its args (:func:`copy_defaults`).
 
+P_vocab (Eq. 4) is by default the decoder's output projection of s_t (fairseq's, tied with the
+embeddings under ``--share-decoder-input-output-embed`` / ``--share-all-embeddings``, as fairseq's
+``transformer_pointer_generator`` computes it); ``--copy-p-vocab eq4`` computes it as the paper
+writes it, softmax(W'_v (W_v [s_t; c_t] + b) + b'), with the decoder's output projection as W'_v
+(``copy_transformer`` only; see :mod:`~fairseq_knowgen.modules.copy_generator`).
+
 In training mode the first output is None: the mixture over the whole vocabulary is not
 needed for a loss at the targets (the ``force_copy`` criteria take log P(w*) from the extras,
 :func:`~fairseq_knowgen.modules.copy_generator.mixture_lprobs_at`); ``get_normalized_probs``
@@ -74,6 +80,7 @@ from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_att
 
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
 COPY_ALPHA = ("raw", "renormalized")
+P_VOCAB = CopyGenerator.P_VOCAB
 
 
 def uncopyable_mask(dictionary, symbols: Sequence[str] = ()) -> Tensor:
@@ -194,6 +201,22 @@ def add_copy_args(parser, switch: bool = False):
     )
 
 
+def add_p_vocab_arg(parser):
+    """``--copy-p-vocab`` (``copy_transformer``): P_vocab of Eq. 4 from fairseq's output projection of
+    s_t, or from [s_t; c_t] as the paper writes it. Its default is in the parser, so every checkpoint's
+    args record it; one saved before the flag existed has none and loads with ``output``, the P_vocab
+    it was trained with (:meth:`CopyTransformerModel.build_decoder`)."""
+    parser.add_argument(
+        "--copy-p-vocab",
+        choices=P_VOCAB,
+        default="output",
+        help="P_vocab of Eq. 4: output: the decoder's output projection of s_t (default; tied with the embeddings "
+        "under --share-decoder-input-output-embed or --share-all-embeddings, as fairseq's "
+        "transformer_pointer_generator); eq4: the paper's softmax(W'_v (W_v [s_t; c_t] + b) + b'), two linear "
+        "layers on the decoder state and the copy context c_t (Eq. 3), W'_v being the decoder's output projection",
+    )
+
+
 def copy_defaults(args):
     """Fill unset copy options: the last layer's attention, its first head, raw alpha (Eq. 6 as
     written).
@@ -243,12 +266,15 @@ class CopyDecoderMixin:
         copy_heads: Optional[int] = 1,
         uncopyable_symbols=(),
         copy_alpha: str = "raw",
+        p_vocab: str = "output",
     ):
         """The switch parameters (Eq. 5) and the masks. ``copy_heads``: how many heads of
         ``copy_layer`` the copy attention averages (0 or None: all). ``copy_alpha``: ``raw`` (Eq. 6
         over every non-pad source position) or ``renormalized`` (over the copyable positions
         only). Whatever ``copy_alpha``, ``uncopyable_symbols`` and pad/EOS/BOS/``<unk>`` are not
-        copy candidates for the criterion's "w* in X" (see :func:`uncopyable_mask`)."""
+        copy candidates for the criterion's "w* in X" (see :func:`uncopyable_mask`). ``p_vocab``:
+        ``output`` (P_vocab from the output projection of s_t) or ``eq4`` (Eq. 4, adding W_v, b and
+        b'; the output projection is W'_v)."""
         if not -len(self.layers) <= copy_layer < len(self.layers):
             raise ValueError(f"--copy-layer {copy_layer} out of range for {len(self.layers)} decoder layers")
         self.copy_layer = copy_layer % len(self.layers)
@@ -258,7 +284,11 @@ class CopyDecoderMixin:
         if copy_alpha not in COPY_ALPHA:
             raise ValueError(f"--copy-alpha must be one of {', '.join(COPY_ALPHA)}, got {copy_alpha!r}")
         self.copy_alpha = copy_alpha
-        self.copy_generator = CopyGenerator(self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim)
+        if p_vocab == "eq4" and self.adaptive_softmax is not None:
+            raise ValueError("--copy-p-vocab eq4 needs the decoder's output projection (no --adaptive-softmax-cutoff)")
+        self.copy_generator = CopyGenerator(
+            self.output_embed_dim, cfg.encoder.embed_dim, self.embed_dim, p_vocab=p_vocab, vocab_size=len(dictionary)
+        )
         uncopyable = uncopyable_mask(dictionary, uncopyable_symbols)
         self.register_buffer("uncopyable", uncopyable, persistent=False)
         # the positions Eq. 6 leaves out: pad only (raw alpha), or every uncopyable one (renormalized)
@@ -303,8 +333,9 @@ class CopyDecoderMixin:
         index = self.copy_generator.source_index(src_tokens, self.outside_copy, incremental_state)
         support = index["copyable"]
         copyable = support if self.copy_alpha == "renormalized" else copyable_mask(src_tokens, self.uncopyable)
+        eq4 = self.copy_generator.p_vocab == "eq4"
         out = self.copy_generator(
-            self.output_layer(x),
+            None if eq4 else self.output_layer(x),  # eq4: from [s_t; c_t], through the output layer
             x,
             input_embed,
             extra["attn"][0],
@@ -315,6 +346,7 @@ class CopyDecoderMixin:
             full=not self.training,
             index=index,
             in_place=incremental_state is not None and not torch.is_grad_enabled(),
+            vocab_projection=self.output_layer if eq4 else None,
         )
         for key in ("p_gen", "p_gen_logit", "copy_attn", "vocab_lprobs"):
             if out[key] is not None:
@@ -342,10 +374,17 @@ class CopyTransformerDecoder(CopyDecoderMixin, TransformerDecoderBase):
     """Transformer decoder with a pointer-generator output (returns log-probabilities)."""
 
     def __init__(
-        self, cfg, dictionary, embed_tokens, copy_layer: int = -1, copy_heads: Optional[int] = 1, copy_alpha="raw"
+        self,
+        cfg,
+        dictionary,
+        embed_tokens,
+        copy_layer: int = -1,
+        copy_heads: Optional[int] = 1,
+        copy_alpha="raw",
+        p_vocab="output",
     ):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
-        self.add_copy_head(cfg, dictionary, copy_layer, copy_heads, copy_alpha=copy_alpha)
+        self.add_copy_head(cfg, dictionary, copy_layer, copy_heads, copy_alpha=copy_alpha, p_vocab=p_vocab)
 
 
 @register_model("copy_transformer")
@@ -356,6 +395,7 @@ class CopyTransformerModel(TransformerModel):
     def add_args(parser):
         TransformerModel.add_args(parser)
         add_copy_args(parser)
+        add_p_vocab_arg(parser)
         add_dimattn_args(parser)
 
     @classmethod
@@ -392,8 +432,9 @@ class CopyTransformerModel(TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         copy_defaults(args)
+        p_vocab = getattr(args, "copy_p_vocab", None) or "output"  # (none in a checkpoint from before the flag)
         decoder = CopyTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, args.copy_layer, args.copy_heads, copy_alpha=args.copy_alpha
+            cfg, tgt_dict, embed_tokens, args.copy_layer, args.copy_heads, copy_alpha=args.copy_alpha, p_vocab=p_vocab
         )
         if getattr(args, "dimattn_type", None):
             dimattn_at_copy_layer(args, decoder.copy_layer)

@@ -5,7 +5,9 @@ At each target step t, with copy attention alpha_t over source positions, encode
 decoder state s_t and decoder input embedding y_t:
 
 - context vector (Eq. 3): c_t = sum_i alpha_{t,i} h_i
-- vocabulary distribution (Eq. 4): P_vocab = softmax(logits), over the *fixed* vocabulary
+- vocabulary distribution (Eq. 4): P_vocab = softmax(W'_v (W_v [s_t; c_t] + b) + b'), over the *fixed*
+  vocabulary, with ``p_vocab="eq4"``; by default (``p_vocab="output"``) P_vocab = softmax(logits) of
+  the logits the caller gives, fairseq's output projection of s_t alone (see below)
 - soft switch (Eq. 5): p_gen = sigmoid(z), z = w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr
 - mixture (Eq. 6):     P(w) = p_gen P_vocab(w) + (1 - p_gen) sum_{i: x_i = w} alpha_{t,i}
 
@@ -34,6 +36,12 @@ Choices the text leaves open (documented here, flags of ``copy_transformer``):
   their sum;
 - the context vector c_t of Eq. 5 is Eq. 3 with that alpha (the paper's c_t comes from the same
   attention distribution as Eq. 6's alpha);
+- P_vocab (Eq. 4): by default the decoder's own output projection of s_t (``--copy-p-vocab output``),
+  which fairseq ties with the decoder's input embeddings under ``--share-decoder-input-output-embed``
+  or ``--share-all-embeddings``, as fairseq's ``transformer_pointer_generator`` computes it: a
+  transformer's s_t has attended to the source already. ``--copy-p-vocab eq4`` is Eq. 4 as written,
+  two linear layers on [s_t; c_t]: W_v, b (``vocab_hidden``, to the size of s_t) and W'_v, b' (the
+  decoder's output projection, whose matrix is its own unless those flags tie it, and ``vocab_bias``);
 - words outside the vocabulary are copied through placeholder symbols ``<unk-N>`` (the
   source word at position N), as in fairseq's ``examples/pointer_generator``; see
   :mod:`fairseq_knowgen.prep.placeholders`. The placeholders are not in the fixed
@@ -62,7 +70,7 @@ Measured on CommonGen (EKI input, 8,000 BPE types): the full mixture written den
 without the copy head.
 """
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -181,16 +189,33 @@ class CopyGenerator(nn.Module):
         state_dim: decoder output state size (s_t).
         context_dim: encoder output size (h_i, c_t).
         input_dim: decoder input embedding size (y_t).
+        p_vocab: ``output`` (P_vocab from the logits the caller gives) or ``eq4`` (Eq. 4 on [s_t; c_t]:
+            ``vocab_hidden`` is W_v and b, ``vocab_bias`` is b', and the caller gives W'_v as
+            ``vocab_projection``; see the module docstring).
+        vocab_size: the size of b' (``eq4`` only).
     """
 
-    def __init__(self, state_dim: int, context_dim: int, input_dim: int):
+    P_VOCAB = ("output", "eq4")
+
+    def __init__(
+        self, state_dim: int, context_dim: int, input_dim: int, p_vocab: str = "output", vocab_size: int = 0
+    ):
         super().__init__()
         # one linear map over [c_t; s_t; y_t] is w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr
         self.switch = nn.Linear(context_dim + state_dim + input_dim, 1)
+        if p_vocab not in self.P_VOCAB:
+            raise ValueError(f"p_vocab must be one of {', '.join(self.P_VOCAB)}, got {p_vocab!r}")
+        self.p_vocab = p_vocab
+        if p_vocab == "eq4":
+            # W_v, b of Eq. 4: [s_t; c_t] -> the size of s_t, the input of the decoder's output projection W'_v
+            self.vocab_hidden = nn.Linear(state_dim + context_dim, state_dim)
+            nn.init.xavier_uniform_(self.vocab_hidden.weight)
+            nn.init.zeros_(self.vocab_hidden.bias)
+            self.vocab_bias = nn.Parameter(torch.zeros(vocab_size))  # b'
 
     def forward(
         self,
-        vocab_logits: Tensor,
+        vocab_logits: Optional[Tensor],
         state: Tensor,
         input_embed: Tensor,
         attn: Tensor,
@@ -201,11 +226,12 @@ class CopyGenerator(nn.Module):
         full: bool = True,
         index: Optional[Dict[str, Tensor]] = None,
         in_place: bool = False,
+        vocab_projection: Optional[Callable[[Tensor], Tensor]] = None,
     ) -> Dict[str, Optional[Tensor]]:
         """
         Args:
-            vocab_logits: ``B x T x V`` (overwritten at ``not_generated``); state: ``B x T x C_s``;
-                input_embed: ``B x T x C_y``
+            vocab_logits: ``B x T x V`` (overwritten at ``not_generated``), or None with ``eq4``;
+                state: ``B x T x C_s``; input_embed: ``B x T x C_y``
             attn: raw copy attention ``B x T x S``; encoder_states: ``B x S x C_h``
             src_tokens: ``B x S`` vocabulary ids; copyable: ``B x S`` bool, the positions of Eq. 6's
                 sum (the support; alpha is divided by its sum over them)
@@ -216,19 +242,25 @@ class CopyGenerator(nn.Module):
                 it (see :meth:`source_index`); computed here otherwise
             in_place: write the mixture into log P_vocab's tensor (decoding without gradients;
                 ``vocab_lprobs`` is then None)
+            vocab_projection: ``eq4``: W'_v, ``B x T x C_s`` -> ``B x T x V`` without bias (the
+                decoder's output projection)
         Returns:
             dict with ``logits`` (the mixture's logits, :func:`mixture_logits`: their
             log-softmax is log of Eq. 6, ``B x T x V``, or None), ``vocab_lprobs`` (log
             P_vocab), ``p_gen`` and its logit ``p_gen_logit`` (z of Eq. 5, ``B x T x 1``)
             and ``copy_attn`` (alpha over the support, ``B x T x S``).
         """
-        bsz, tgt_len, _ = vocab_logits.shape
+        bsz, tgt_len, _ = state.shape
         assert attn.shape == (bsz, tgt_len, src_tokens.size(1)), (attn.shape, src_tokens.shape)
         assert copyable.shape == src_tokens.shape, (copyable.shape, src_tokens.shape)
+        assert (vocab_logits is None) == (self.p_vocab == "eq4"), "eq4 computes the logits, output reads them"
         alpha = attn.float() * copyable.unsqueeze(1)
         alpha = alpha / alpha.sum(-1, keepdim=True).clamp_min(1e-9)
         context = torch.bmm(alpha.type_as(encoder_states), encoder_states)  # B x T x C_h
         z = self.switch(torch.cat([context, state, input_embed], dim=-1)).float()  # B x T x 1
+        if self.p_vocab == "eq4":  # Eq. 4: W'_v (W_v [s_t; c_t] + b) + b'
+            hidden = self.vocab_hidden(torch.cat([state, context.type_as(state)], dim=-1))  # B x T x C_s
+            vocab_logits = vocab_projection(hidden) + self.vocab_bias
         logits = vocab_logits.float()
         if not_generated is not None and not_generated.numel() > 0:
             logits = logits.index_fill_(-1, not_generated.to(logits.device), float("-inf"))

@@ -43,14 +43,13 @@ def load_registries():
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     import torch  # noqa: F401  (the package registers its components once torch is imported)
-
-    import fairseq_knowgen  # noqa: F401
-    from fairseq_knowgen import criterions, models, optim, tasks  # noqa: F401
-
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_REGISTRY
     from fairseq.optim import OPTIMIZER_DATACLASS_REGISTRY
     from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    import fairseq_knowgen  # noqa: F401
+    from fairseq_knowgen import criterions, models, optim, tasks  # noqa: F401
 
     return {
         "model": MODEL_REGISTRY,
@@ -229,7 +228,10 @@ KBERT_ADAM_NOTE = (
 
 # page -> its components: ("model", model names sharing one table) or (kind, registered name[, note])
 PAGES: Dict[str, List[tuple]] = {
-    "docs/methods/dimattn.md": [("model", ("transformer_dimattn", "bart_dimattn")), ("task", "translation_constrained")],
+    "docs/methods/dimattn.md": [
+        ("model", ("transformer_dimattn", "bart_dimattn")),
+        ("task", "translation_constrained"),
+    ],
     "docs/methods/force_copy.md": [("model", ("copy_transformer",)), ("criterion", "force_copy")],
     "docs/methods/eki.md": [
         ("model", ("eki_transformer", "eki_bart")),

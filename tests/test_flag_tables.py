@@ -20,7 +20,7 @@ REG = flag_tables.load_registries()
 
 # what a help text may say a default is: "(default X", "(default: X", "; default X", ", default: X" (X up to the next
 # , ; : or closing parenthesis), "'X' (default", read as the flag's value; and for a flag with choices, a choice named
-# without quotes just before "(default" or before a parenthesis that ends in "; default)" ("cnn (the authors'; default)")
+# without quotes just before "(default" or before a parenthesis ending in "; default)" ("cnn (the authors'; default)")
 STATED = (
     re.compile(r"\(default:?\s+([^,;:)]+)"),
     re.compile(r"[;,]\s*default:?\s+([^,;:)]+)"),
@@ -68,7 +68,7 @@ def stated_values(action, flag):
     for stated in stated_defaults(action.help):
         value = IN_WORDS[flag, stated] if (flag, stated) in IN_WORDS else convert(action, stated)
         if value is UNREADABLE or (action.choices and value not in action.choices):
-            pytest.fail(f"{flag}: the help states the default {stated!r}, not a value of the flag (or add it to IN_WORDS)")
+            pytest.fail(f"{flag}: the help states the default {stated!r}, no value of the flag (or put it in IN_WORDS)")
         out.append((stated, value))
     if action.choices:
         for pattern in CHOICE_STATED:
@@ -84,7 +84,8 @@ def package_archs():
 
 
 def package_configs():
-    return [(kind, name) for kind in ("task", "criterion", "optimizer") for name, c in REG[kind].items() if c and flag_tables.ours(c)]
+    kinds = ("task", "criterion", "optimizer")
+    return [(kind, name) for kind in kinds for name, c in REG[kind].items() if c and flag_tables.ours(c)]
 
 
 def test_the_pages_flag_tables_are_the_code_s():
@@ -126,7 +127,8 @@ def test_config_help_texts_state_the_field_defaults(kind, name):
         for stated, expected in stated_values(action, flag):
             default = instance._get_default(field_name)
             default = getattr(default, "value", default)
-            assert default == expected, f"{kind} {name}: {flag}'s help says default {stated!r}, the field has {default!r}"
+            said = f"{kind} {name}: {flag}'s help says default {stated!r}"
+            assert default == expected, f"{said}, the field has {default!r}"
 
 
 def test_the_patterns_read_the_forms_the_help_texts_use():
@@ -139,7 +141,7 @@ def test_the_patterns_read_the_forms_the_help_texts_use():
     ]
     parser = argparse.ArgumentParser()
     a = parser.add_argument("--a", choices=["all", "list", "cnn", "mlp"])
-    for text, value in [("'all' (default) or a list", "all"), ("cnn (the authors', max-pooled; default) or mlp", "cnn")]:
+    for text, value in [("'all' (default) or a list", "all"), ("cnn (the authors', pooled; default) or mlp", "cnn")]:
         a.help = text
         assert stated_values(a, "--a") == [(value, value)]
     a.help = "on 'token' ids (default; the paper's) or on 'list's"  # "ids" is no choice: nothing stated

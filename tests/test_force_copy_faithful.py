@@ -160,9 +160,7 @@ def test_mixture_is_eq6_in_decoding_training_and_the_loss(word_level_bin, name):
     sample = first_batch(task)
     net = sample["net_input"]
     model.eval()
-    alpha, _, probs, _, _ = paper_copy_head(
-        model, task, net, alpha_of(name), heads_of(name, model), p_vocab_of(name)
-    )
+    alpha, _, probs, _, _ = paper_copy_head(model, task, net, alpha_of(name), heads_of(name, model), p_vocab_of(name))
     d = task.target_dictionary
     real = net["prev_output_tokens"].ne(d.pad())
     expected = probs.log()

@@ -3,6 +3,8 @@
 - entity matching by the authors' rule (pkuseg with the KG's subjects as user dictionary: forced longest
   words left to right, with pkuseg's overshoot), against hand-written cases and the longest-match flag;
 - the authors' ``[ENT]`` tag of injected tokens behind ``--kg-injected-label ent`` (trained on, never scored);
+- the authors' input framing behind ``--kbert-framing authors``: ``[CLS]`` + text for classification, the text
+  alone for tagging, ``[CLS] a [SEP] b [SEP]`` for pairs as by default;
 - the Viterbi pass: only valid IOB2, and the best valid sequence (brute force over all sequences);
 - ``--optimizer kbert_adam``: BertAdam's betas / epsilon / weight decay, none on biases and LayerNorm, kept on resume;
 - every dev row counts whatever ``--required-batch-size-multiple`` says;
@@ -117,6 +119,89 @@ def test_ent_label_of_injected_tokens_is_trained_on_and_never_scored(tmp_path):
     assert task.dataset("valid").collater([task.dataset("valid")[0]])["target"][0].tolist()[3:7] == [IGNORE] * 4
 
 
+# --- the authors' framing of the input -----------------------------------------------------------
+
+
+def test_authors_framing_is_cls_text_for_classification_and_the_text_alone_for_tagging(tmp_path):
+    """``--kbert-framing authors`` as ``run_kbert_cls.py`` builds a single sentence (``[CLS]`` + text: soft positions
+    from 0 at ``[CLS]``, no ``[SEP]``) and ``run_kbert_ner.py`` (the text alone: positions from 0 at its first
+    character); ``bos-eos`` (the default) frames both ``<s> tree </s>``. Expected ids and positions by hand."""
+    from fairseq_knowgen.data.kbert_dataset import IGNORE
+
+    data = tagging_folder(tmp_path)
+    tree = "头 痛 症 状 头 部 三 天"  # 头痛 with its branches [症状] [头部] (--kg-inject object)
+    tree_soft = [0, 1, 2, 3, 2, 3, 2, 3]
+    cases = {  # ids, soft positions, the tagged (sentence) positions
+        ("bos-eos", "kbert_tagging"): ("<s> " + tree + " </s>", [0] + [p + 1 for p in tree_soft] + [5], [1, 2, 7, 8]),
+        ("authors", "kbert_tagging"): (tree, tree_soft, [0, 1, 6, 7]),
+    }
+    for (framing, task_name), (text, soft, trunk) in cases.items():
+        task, _, _ = build_task_and_model(
+            data, "kbert_small", *TINY, "--kg", data / "kg.spo", "--kbert-framing", framing, task=task_name
+        )
+        d = task.dictionary
+        ds = task.dataset("valid")
+        sample = ds.collater([ds[0]])
+        assert [d[i] for i in sample["net_input"]["src_tokens"][0]] == text.split()
+        assert sample["net_input"]["soft_positions"][0].tolist() == soft
+        tagged = [i for i, t in enumerate(sample["target"][0].tolist()) if t != IGNORE]
+        assert tagged == ds.trunk_index[0].tolist() == trunk
+
+    cls = tmp_path / "cls"
+    cls.mkdir()
+    (cls / "train.tsv").write_text("label\ttext_a\n1\t头痛三天\n0\t发热了\n", encoding="utf-8")
+    (cls / "valid.tsv").write_text("label\ttext_a\n1\t头痛三天\n", encoding="utf-8")
+    (cls / "dict.txt").write_text((data / "dict.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    (cls / "labels.txt").write_text("0\n1\n", encoding="utf-8")
+    for framing, text, soft in (
+        ("bos-eos", "<s> " + tree + " </s>", [0] + [p + 1 for p in tree_soft] + [5]),
+        ("authors", "<s> " + tree, [0] + [p + 1 for p in tree_soft]),
+    ):
+        task, model, _ = build_task_and_model(
+            cls,
+            "kbert_small",
+            *TINY,
+            "--kg",
+            data / "kg.spo",
+            "--kg-inject",
+            "object",
+            "--kbert-framing",
+            framing,
+            task="kbert_classification",
+        )
+        ds = task.dataset("valid")
+        sample = ds.collater([ds[0]])
+        assert [task.dictionary[i] for i in sample["net_input"]["src_tokens"][0]] == text.split()
+        assert sample["net_input"]["soft_positions"][0].tolist() == soft
+        assert task.cfg.kbert_framing == framing
+        model(**sample["net_input"], features_only=True, classification_head_name="sentence_classification_head")
+
+
+def test_authors_framing_keeps_pairs_and_fits_max_positions(tmp_path):
+    """Sentence pairs are ``<s> a </s> b </s>`` with either framing (the authors' ``[CLS] a [SEP] b [SEP]``); a
+    tagging tree of exactly ``--max-positions`` tokens loses nothing without ``<s>`` and ``</s>``."""
+    from fairseq.data import Dictionary
+
+    from fairseq_knowgen.data.kbert_dataset import KBertDataset, read_tsv
+
+    d = Dictionary()
+    for c in "甲乙丙丁":
+        d.add_symbol(c)
+    pair = tmp_path / "pair.tsv"
+    pair.write_text("label\ttext_a\ttext_b\n1\t甲乙\t丙\n", encoding="utf-8")
+    for framing in ("bos-eos", "authors"):
+        ds = KBertDataset(read_tsv(str(pair), False), d, {"1": 0}, None, "object", 16, False, framing=framing)
+        assert [d[i] for i in ds[0]["source"]] == "<s> 甲 乙 </s> 丙 </s>".split()
+        assert ds[0]["segment"].tolist() == [0, 0, 0, 0, 1, 1]
+    tag = tmp_path / "tag.tsv"
+    tag.write_text("text_a\tlabel\n甲 乙 丙 丁\tO O O O\n", encoding="utf-8")
+    kept = {}
+    for framing in ("bos-eos", "authors"):
+        ds = KBertDataset(read_tsv(str(tag), True), d, {"O": 0}, None, "object", 4, True, framing=framing)
+        kept[framing] = ds.dropped_trunk
+    assert kept == {"bos-eos": 2, "authors": 0}
+
+
 def test_criterion_span_f1_is_seqeval_untyped_strict_f1():
     import random
 
@@ -192,8 +277,15 @@ def test_kbert_adam_decays_matrices_only_and_keeps_it_on_resume():
         model[1].weight.add_(torch.randn(4))  # LayerNorm away from 1 / 0: decay would show
         model[1].bias.add_(torch.randn(4))
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = SimpleNamespace(lr=[0.1], adam_betas=defaults.adam_betas, adam_eps=1e-6, weight_decay=0.01,
-                          use_old_adam=False, fp16_adam_stats=False, tpu=False)
+    cfg = SimpleNamespace(
+        lr=[0.1],
+        adam_betas=defaults.adam_betas,
+        adam_eps=1e-6,
+        weight_decay=0.01,
+        use_old_adam=False,
+        fp16_adam_stats=False,
+        tpu=False,
+    )
     opt = KBertAdam(cfg, model.parameters())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)  # no gradient: only the decay moves a parameter

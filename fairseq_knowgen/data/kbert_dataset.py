@@ -8,6 +8,11 @@ never labelled and never count in the loss or the score. With ``injected_target`
 ``kbert_tagging`` task's ``--kg-injected-label ent``) injected tokens get that target instead, the
 authors' ``[ENT]`` label, and count in the loss (never in the score).
 
+A single sentence is framed by ``framing`` (the tasks' ``--kbert-framing``): ``bos-eos`` reads
+``<s> tree </s>``; ``authors`` reads it as the authors' code feeds BERT, ``<s> tree`` for
+classification (their ``[CLS]`` + text, ``run_kbert_cls.py``) and the tree alone for tagging (no
+``[CLS]``, no ``[SEP]``, ``run_kbert_ner.py``). Sentence pairs are framed alike by both.
+
 Sentence pairs (a ``text_b`` column, K-BERT's XNLI / LCQMC format ``label<TAB>text_a<TAB>text_b``)
 become ``<s> a </s> b </s>`` (BERT's ``[CLS] a [SEP] b [SEP]``): each sentence with its own
 branches (:func:`~fairseq_knowgen.modules.sentence_tree.build_pair_trees`), the soft positions
@@ -29,6 +34,16 @@ from ..textio import DataError, read_lines
 
 IGNORE = -100
 ENT = "[ENT]"  # the authors' tag of injected tokens (kbert_tagging's --kg-injected-label ent)
+FRAMINGS = ("bos-eos", "authors")
+
+
+def framing_tokens(framing: str, tagging: bool) -> Tuple[bool, bool]:
+    """(``<s>`` first, ``</s>`` last) around a single sentence's tree (see the module docstring)."""
+    if framing not in FRAMINGS:
+        raise ValueError(f"--kbert-framing must be one of {', '.join(FRAMINGS)}, got {framing!r}")
+    if framing == "bos-eos":
+        return True, True
+    return not tagging, False  # the authors' [CLS] + text (classification), text alone (tagging)
 
 
 @dataclass
@@ -93,6 +108,7 @@ class KBertDataset(FairseqDataset):
         tagging: per-token targets (else one label per example)
         path: the TSV, named in errors
         injected_target: tagging: the target of injected (branch) tokens; ``None``: ``IGNORE``
+        framing: ``bos-eos`` or ``authors``: the tokens around a single sentence (module docstring)
     """
 
     def __init__(
@@ -106,8 +122,10 @@ class KBertDataset(FairseqDataset):
         tagging: bool,
         path: str = "",
         injected_target: Optional[int] = None,
+        framing: str = "bos-eos",
     ):
         self.dictionary, self.tagging = dictionary, tagging
+        bos, eos = framing_tokens(framing, tagging)
         self.items: List[Tuple[np.ndarray, ...]] = []
         self.targets = []
         self.trunk_index: List[np.ndarray] = []
@@ -116,10 +134,10 @@ class KBertDataset(FairseqDataset):
         self.dropped_branches = self.dropped_trunk = self.injected_tokens = 0
         for ex in examples:
             if ex.tokens_b is None:
-                trees = [build_sentence_tree(ex.tokens, kg, inject, max_len=max_positions - 2)]
+                trees = [build_sentence_tree(ex.tokens, kg, inject, max_len=max_positions - bos - eos)]
             else:
                 trees = list(build_pair_trees(ex.tokens, ex.tokens_b, kg, inject, max_len=max_positions - 3))
-            ids, soft, branch, mention, trunk, segment_start = flatten_trees(trees, dictionary)
+            ids, soft, branch, mention, trunk, segment_start = flatten_trees(trees, dictionary, bos, eos)
             self.items.append((ids, soft, branch, mention))
             self.trunk_index.append(trunk)
             self.segment_start.append(segment_start)
@@ -199,24 +217,27 @@ class KBertDataset(FairseqDataset):
         }
 
 
-def flatten_trees(trees: Sequence[SentenceTree], dictionary):
+def flatten_trees(trees: Sequence[SentenceTree], dictionary, bos: bool = True, eos: bool = True):
     """``<s> tree_1 </s> [tree_2 </s>]`` as arrays: ids, soft positions, branch ids, mention ids
     (int16), the indices of the first tree's trunk tokens, and the first index of segment 1.
+    ``bos``/``eos`` False: a single tree without ``<s>`` / ``</s>`` (a pair keeps both).
 
-    ``<s>`` has soft position 0; each tree's positions continue from the ``</s>`` before it, and
-    each ``</s>`` takes the position after its tree's last trunk token; branch and mention ids
-    of a later tree are numbered after the earlier ones' (so its branches are invisible to the
-    earlier tree's mentions)."""
-    ids, soft, branch, mention = [dictionary.bos()], [0], [0], [0]
-    trunk, segment_start, position = None, None, 1
+    ``<s>`` has soft position 0 (without it the first tree starts at 0); each tree's positions
+    continue from the ``</s>`` before it, and each ``</s>`` takes the position after its tree's
+    last trunk token; branch and mention ids of a later tree are numbered after the earlier ones'
+    (so its branches are invisible to the earlier tree's mentions)."""
+    eos = eos or len(trees) > 1
+    ids, soft, branch, mention = ([dictionary.bos()], [0], [0], [0]) if bos else ([], [], [], [])
+    trunk, segment_start, position = None, None, int(bos)
     for tree in trees:
-        b0, m0 = max(branch), max(mention)
+        b0, m0 = max(branch, default=0), max(mention, default=0)
         if trunk is None:
             trunk = np.array(tree.trunk_index, dtype=np.int64) + len(ids)
-        ids += [dictionary.index(t) for t in tree.tokens] + [dictionary.eos()]
-        soft += [position + p for p in tree.soft_positions] + [position + len(tree.trunk_index)]
-        branch += [b + b0 if b else 0 for b in tree.branch_ids] + [0]
-        mention += [m + m0 if m else 0 for m in tree.mention_ids] + [0]
+        end = [0] if eos else []
+        ids += [dictionary.index(t) for t in tree.tokens] + ([dictionary.eos()] if eos else [])
+        soft += [position + p for p in tree.soft_positions] + ([position + len(tree.trunk_index)] if eos else [])
+        branch += [b + b0 if b else 0 for b in tree.branch_ids] + end
+        mention += [m + m0 if m else 0 for m in tree.mention_ids] + end
         position += len(tree.trunk_index) + 1
         segment_start = len(ids) if segment_start is None else segment_start
     small = (np.array(x, dtype=np.int16) for x in (soft, branch, mention))

@@ -197,9 +197,7 @@ class CopyGenerator(nn.Module):
 
     P_VOCAB = ("output", "eq4")
 
-    def __init__(
-        self, state_dim: int, context_dim: int, input_dim: int, p_vocab: str = "output", vocab_size: int = 0
-    ):
+    def __init__(self, state_dim: int, context_dim: int, input_dim: int, p_vocab: str = "output", vocab_size: int = 0):
         super().__init__()
         # one linear map over [c_t; s_t; y_t] is w_h^T c_t + w_s^T s_t + w_y^T y_t + b_ptr
         self.switch = nn.Linear(context_dim + state_dim + input_dim, 1)

@@ -36,7 +36,7 @@ from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
-from ..data.kbert_dataset import ENT, KBertDataset, read_tsv
+from ..data.kbert_dataset import ENT, FRAMINGS, KBertDataset, read_tsv
 from ..modules.knowledge_graph import INJECT_CHOICES, MATCHING_CHOICES, load_kg
 from ..optim import kbert_adam  # noqa: F401  (registers --optimizer kbert_adam, the authors' fine-tuning settings)
 from ..textio import DataError, read_lines
@@ -81,7 +81,17 @@ class KBertClassificationConfig(FairseqDataclass):
     )
     max_positions: int = field(
         default=256,
-        metadata={"help": "longest input with <s> and </s>; longer trees lose branches (last first), then trunk tail"},
+        metadata={
+            "help": "longest input, <s> and </s> included; longer trees lose branches (last first), then trunk tail"
+        },
+    )
+    kbert_framing: ChoiceEnum(list(FRAMINGS)) = field(
+        default="bos-eos",
+        metadata={
+            "help": "the tokens around a sentence's tree: bos-eos (default): <s> tree </s>; authors: as the authors' "
+            "code feeds BERT, <s> tree for classification (their [CLS] + text, no [SEP]) and the tree alone for "
+            "tagging (no [CLS], no [SEP]); sentence pairs are <s> a </s> b </s> with either"
+        },
     )
     regression_target: bool = field(default=False, metadata={"help": "(read by sentence_prediction; unused)"})
 
@@ -155,6 +165,7 @@ class KBertClassificationTask(FairseqTask):
                 self.tagging,
                 path,
                 self.label_index.get(ENT) if self.tagging else None,
+                framing=str(getattr(self.cfg, "kbert_framing", None) or "bos-eos"),  # none in older checkpoints
             )
         logger.info(
             f"{path}: {len(ds)} examples, {ds.injected_tokens} injected tokens kept, {ds.dropped_branches} branches "

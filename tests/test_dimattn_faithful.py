@@ -1,5 +1,5 @@
-"""DyDimAttn as Han, Lin and Joty write it ("Resurrecting Submodularity for Neural Text Generation", Eq. 3-5),
-computed here in plain PyTorch from the paper, against the module with random non-zero weights; the default g2
+"""DimAttn and DyDimAttn as Han, Lin and Joty write them ("Resurrecting Submodularity for Neural Text Generation",
+Eq. 3-5), computed here in plain PyTorch from the paper, against the module with random non-zero weights; the default g2
 (2 sqrt(x+1)) diminishes more slowly than g1 = log(x+1) at every coverage; a checkpoint keeps the g2 it was
 trained with."""
 
@@ -17,6 +17,101 @@ from fairseq_knowgen.modules.diminishing_attention import (
     check_slower_diminishing,
     parse_concave,
 )
+
+
+def paper_dimattn(attn, query, kv, pad, g, normalize=False):
+    """Multi-head cross-attention whose context uses DimAttn weights, written from the paper, one head, step and
+    source position at a time (float64):
+
+    a_i^t = softmax_i(q_t . k_i / sqrt(d)) per head (padding excluded);
+    c_i^t = sum_{t' <= t} a_i^{t'} (coverage up to and including step t, footnote 1);
+    F(A_i^t) = g(c_i^t) + b, b = -g(0)                                          (Eq. 3);
+    DimAttn_i^t = F(A_i^t) - F(A_i^{t-1})                                       (Eq. 4; F(A_i^{-1}) = g(0) + b = 0);
+    with ``normalize`` the weights divided by their sum over i (the package's ``--dimattn-normalize``);
+    context_t = sum_i DimAttn_i^t v_i, heads concatenated, then the output projection.
+
+    Returns the output ``T x B x C`` and the weights ``B x H x T x S``."""
+    tgt_len, bsz, dim = query.shape
+    src_len, heads = kv.size(0), attn.num_heads
+    d = dim // heads
+    b = -g(0.0)
+
+    def proj(lin, x):
+        return x @ lin.weight.T + lin.bias
+
+    q = proj(attn.q_proj, query) / math.sqrt(d)
+    k, v = proj(attn.k_proj, kv), proj(attn.v_proj, kv)
+    out = torch.zeros(tgt_len, bsz, dim, dtype=query.dtype)
+    weights = torch.zeros(bsz, heads, tgt_len, src_len, dtype=query.dtype)
+    for n in range(bsz):
+        for h in range(heads):
+            sl = slice(h * d, (h + 1) * d)
+            submodular = [0.0] * src_len  # F(A_i^{t-1})
+            coverage = [0.0] * src_len  # c_i^{t-1}
+            for t in range(tgt_len):
+                logits = torch.stack([q[t, n, sl] @ k[i, n, sl] for i in range(src_len)])
+                a = torch.softmax(logits.masked_fill(pad[n], -math.inf), -1)
+                w = []
+                for i in range(src_len):
+                    coverage[i] += a[i].item()
+                    now = g(coverage[i]) + b
+                    w.append(now - submodular[i])
+                    submodular[i] = now
+                if normalize:
+                    total = sum(w)
+                    w = [x / total for x in w]
+                context = torch.zeros(d, dtype=query.dtype)
+                for i in range(src_len):
+                    weights[n, h, t, i] = w[i]
+                    context = context + w[i] * v[i, n, sl]
+                out[t, n, sl] = context
+    out = out @ attn.out_proj.weight.T + attn.out_proj.bias
+    return out, weights
+
+
+def random_module(dim_type, **kwargs):
+    """A 12-wide, 3-head module with random non-zero projections and biases, and inputs over 8 steps and a padded
+    source (the second sentence's last two positions), all float64, drawn from a seeded generator."""
+    gen = torch.Generator().manual_seed(3)
+    attn = DiminishingMultiheadAttention(12, 3, dim_type=dim_type, **kwargs).double().eval()
+    with torch.no_grad():
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=torch.float64) * 0.6)
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=torch.float64) * 0.5)
+    tgt_len, bsz, src_len = 8, 2, 5
+    query = torch.randn(tgt_len, bsz, 12, generator=gen, dtype=torch.float64)
+    kv = torch.randn(src_len, bsz, 12, generator=gen, dtype=torch.float64)
+    pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    pad[1, -2:] = True
+    return attn, query, kv, pad
+
+
+@pytest.mark.parametrize(
+    "g_spec, g",
+    [
+        (None, lambda x: math.log(1.0 + x)),  # the default, log(x+1)
+        ("sqrt", lambda x: math.sqrt(1.0 + x)),
+        ("pow:0.3", lambda x: (1.0 + x) ** 0.3),
+        ("2*sqrt", lambda x: 2.0 * math.sqrt(1.0 + x)),
+    ],
+)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_dimattn_module_equals_the_paper_with_random_weights(g_spec, g, normalize):
+    """DimAttn (``dim``, Eq. 3-4) of the module against the paper's equations over 8 steps, 3 heads and a padded
+    source, with random projections and biases: output and weights, for the default g and three others, and with
+    the weights renormalized."""
+    kwargs = {} if g_spec is None else {"g": g_spec}
+    attn, query, kv, pad = random_module("dim", normalize=normalize, **kwargs)
+    assert attn.g.spec == (g_spec or "log") and attn.g2 is None
+    with torch.no_grad():
+        got, got_w = attn(query, kv, kv, key_padding_mask=pad, static_kv=True, need_head_weights=True)
+    expected, expected_w = paper_dimattn(attn, query, kv, pad, g, normalize)
+    assert (expected_w[1, :, :, -2:] == 0).all()  # padding gets nothing
+    if not normalize:  # the weights are not a plain softmax: they sum to less than 1 after the first step
+        assert (expected_w[..., 1:, :].sum(-1) < 0.99).all()
+    # (the module takes the softmax in float32)
+    torch.testing.assert_close(got_w.transpose(0, 1), expected_w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def paper_dydimattn(attn, query, kv, pad, g1, g2):

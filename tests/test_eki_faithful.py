@@ -3,7 +3,7 @@ authors' code (LibertFan/EKI-BART) define it, against references written here in
 the paper, with random non-zero weights: the group embedding (Eq. 3) in the encoder's input, the
 scaling module (Eq. 5) alone and on the encoder output, the authors' dropout placement; the input
 layouts, the L_E label units and the position-indicator centers by hand; the defaults of the
-faithfulness table (docs/methods/eki.md)."""
+faithfulness table (docs/methods/eki.md); the loss, label-smoothed L_D + lambda L_E (Eq. 6, 10)."""
 
 import math
 
@@ -219,3 +219,57 @@ def test_a_checkpoint_is_read_with_the_data_settings_it_was_trained_with():
     assert data_settings(args, legacy=True)["eki_input_layout"] == "sep"  # a model's args (fairseq-interactive)
     fresh = {"eki_input_layout": "concat", "eki_center_match": "token", "eki_label_unit": "token"}
     assert data_settings(EKIGenerationConfig()) == fresh
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.3])
+def test_loss_is_label_smoothed_l_d_plus_lambda_l_e(eki_bin, epsilon):
+    """``eki_label_smoothed_cross_entropy`` with label smoothing epsilon > 0 (the authors' 0.1, and 0.3) against
+    L_D and L_E written here from their definitions, on a tiny eki_transformer with random weights and a scaling
+    module far from its start:
+
+    q_t(w) = 1 - epsilon for w = t_k, epsilon / (|V| - 1) for every other word (fairseq's label smoothing);
+    L_D = - sum_k sum_w q_k(w) log P(w | O, C, t_<k)            (Eq. 10's L_D, smoothed; pad targets left out);
+    L_E = - sum_v [y_v log Mean(Lambda_v) + (1 - y_v) log(1 - Mean(Lambda_v))]  (Eq. 6, labelled tokens only);
+    loss = L_D + lambda L_E, and the logged nll_loss = - sum_k log P(t_k | ...)."""
+    from helpers import build_task_and_model, first_batch
+
+    lam_weight = 0.7
+    flags = ["--eki-scaling-dim", "8", "--eki-scaling-init-std", "0.5", "--dropout", "0"]
+    flags += ["--criterion", "eki_label_smoothed_cross_entropy", "--label-smoothing", str(epsilon)]
+    flags += ["--eki-lambda", str(lam_weight)]
+    torch.manual_seed(0)
+    task, model, args = build_task_and_model(eki_bin, "eki_transformer", *TINY_MODEL, *flags, task="eki_generation")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # every weight random and non-zero
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        # one random output row of the scaling module for every channel: Mean(Lambda_v) over channels then varies
+        # from token to token as one channel's Lambda does (independent rows would average out near 0.5)
+        fc2 = model.encoder.scaling.fc2.weight
+        fc2.copy_(torch.randn(1, fc2.size(1), generator=gen).expand_as(fc2))
+        model.decoder.output_projection.weight.mul_(10.0)  # P far from uniform, so that smoothing moves L_D
+    sample = first_batch(task)
+    model.train()  # dropout 0: the criterion's own forward gives the same output
+    with torch.no_grad():
+        out = model(**sample["net_input"])
+        lprobs = torch.log_softmax(out[0].double(), -1)  # B x T x V
+        mean_lambda = out[1]["eki_lambda_mean"].double()  # B x S
+        loss, _, log = task.build_criterion(args)(model, sample)
+    d = task.target_dictionary
+    target = sample["target"]
+    real = target.ne(d.pad())
+    vocab = lprobs.size(-1)
+    q = torch.full_like(lprobs, epsilon / (vocab - 1)).scatter(-1, target.unsqueeze(-1), 1.0 - epsilon)
+    l_d = -(q * lprobs).sum(-1)[real].sum()
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[real].sum()
+    labels = sample["src_label"]
+    labelled = labels.ge(0)
+    y, m = labels[labelled].double(), mean_lambda[labelled]
+    l_e = -(y * m.log() + (1 - y) * (1 - m).log()).sum()
+    assert labelled.sum() > 10 and 0 < y.mean() < 1 and m.std() > 0.01  # both labels, Lambda not constant
+    # summed over 60 target tokens and 72 labelled source tokens in float32 (each term ~1e-7 relative): 1e-5
+    # relative, 100 times below the smoothing term's share, so that a wrong smoothing fails
+    assert (l_d - nll).abs() > 100 * 1e-5 * l_d
+    assert float(loss) == pytest.approx(float(l_d + lam_weight * l_e), rel=1e-5)
+    assert float(log["nll_loss"]) == pytest.approx(float(nll), rel=1e-5)
+    assert float(log["loss_e"]) == pytest.approx(float(l_e), rel=1e-5)

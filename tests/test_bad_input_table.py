@@ -1,4 +1,4 @@
-"""Bad input through the public entry points, one row per case (issue 40's probe, kept as a table).
+"""Bad input through the public entry points, one row per case.
 
 Every case writes its inputs and an earlier output into a fresh folder, runs one command and asserts:
 
@@ -12,17 +12,26 @@ A row's ``argv`` starts with the entry point: a module run as ``python -m`` (``p
 ``checkpoint_average``...; run in this process through its ``main`` and
 :func:`fairseq_knowgen.textio.cli_entry`, as its ``__main__`` does, since a subprocess costs seconds
 of imports), ``scripts/NAME.py``, or a ``fairseq-*`` command (run as a subprocess). ``{t}`` in
-``argv`` and ``where`` is the case's folder. To add an entry point, add rows to ``CASES`` (and, for
-a module, nothing else: its ``main(argv)`` is found by name).
+``argv`` and ``where`` is the case's folder (a ``where`` may also be a function of it). To add an entry
+point, add rows to ``CASES`` (and, for a module, nothing else: its ``main(argv)`` is found by name).
+
+The converters' rows damage copies of real released folders (``../shared/released``: a real BERT, GPT-2's
+BPE and BART's dictionary under tiny random models), or of small stand-ins with the same layout where that
+folder is absent: weights cut short, JSON files cut short, a vocabulary of another model.
 """
 
+import atexit
 import contextlib
+import functools
 import importlib
 import io
 import json
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
 
 import pytest
@@ -38,7 +47,7 @@ Files = Dict[str, Union[str, bytes]]
 class Case:
     id: str
     argv: List[str]
-    where: str  # must occur in the last stderr line, after "error: "
+    where: Union[str, Callable[[str], str]]  # must occur in the last stderr line, after "error: "
     files: Files = field(default_factory=dict)  # inputs and earlier outputs, relative to {t}
     keep: List[str] = field(default_factory=list)  # earlier outputs that must stay byte-identical
     setup: Optional[Callable] = None  # more set-up: setup(folder)
@@ -120,6 +129,167 @@ KBERT = ["prep.kbert", "--out", "{t}/kbo", "--data"]
 RETR = {"q.txt": "dog run\ncat sit\n", "c.txt": "a dog runs\na cat sits\n", "k.txt": "dog run\ncat sit\n"}
 RETRIEVE = ["prep.retrieval", "--queries", "{t}/q.txt", "--out", "{t}/proto.txt", "--corpus"]
 OLD_PROTO = {"proto.txt": "earlier prototypes\n"}
+
+# the converters: small damaged copies of released folders, built once per session
+@functools.lru_cache(maxsize=None)
+def models_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="bad-input-models-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+@functools.lru_cache(maxsize=None)
+def minilm() -> str:
+    """The real all-MiniLM-L6-v2 folder (model.safetensors, tokenizer.json), or its stand-in."""
+    from test_convert_hf_bert_released import minilm_folder
+
+    return minilm_folder(models_dir())
+
+
+@functools.lru_cache(maxsize=None)
+def chinese_vocab() -> str:
+    """Google's Chinese vocab.txt (21,128 lines), or its stand-in."""
+    from test_convert_hf_bert_released import chinese_vocab as vocab
+
+    folder = models_dir() / "zh"
+    folder.mkdir(exist_ok=True)
+    return str(vocab(folder)[0])
+
+
+def lines_of(path: str) -> int:
+    return open(path, "rb").read().decode("utf-8").count("\n")
+
+
+def embedding_rows(folder: str) -> int:
+    return json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
+
+
+@functools.lru_cache(maxsize=None)
+def gpt2_bpe():
+    """(encoder.json, vocab.bpe, BART's dict.txt): the released files, or stand-ins."""
+    from test_convert_hf_bart import released_or_stand_in
+
+    folder = models_dir() / "bpe"
+    folder.mkdir(exist_ok=True)
+    return tuple(str(p) for p in released_or_stand_in(folder))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_bert_bin() -> str:
+    """A tiny random BERT over the Chinese vocab.txt, its weights as pytorch_model.bin."""
+    from transformers import BertConfig, BertModel
+
+    folder = models_dir() / "bert_bin"
+    folder.mkdir()
+    shutil.copy(chinese_vocab(), folder / "vocab.txt")
+    cfg = BertConfig(vocab_size=lines_of(chinese_vocab()), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=16, max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(0)
+    cfg.save_pretrained(folder)
+    torch.save(BertModel(cfg).state_dict(), folder / "pytorch_model.bin")
+    return str(folder)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_bart() -> str:
+    """A tiny random BART whose HF ids are BART's dict.txt rows over GPT-2's BPE (vocab.json, merges.txt)."""
+    from test_convert_hf_bart import write_hf_bart
+
+    folder = models_dir() / "bart"
+    write_hf_bart(folder, *gpt2_bpe())
+    return str(folder)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_gpt2() -> str:
+    """A tiny random GPT-2 over GPT-2's BPE (vocab.json, merges.txt), its weights as pytorch_model.bin."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    encoder_json, vocab_bpe, _ = gpt2_bpe()
+    folder = models_dir() / "gpt2"
+    folder.mkdir()
+    shutil.copy(encoder_json, folder / "vocab.json")
+    shutil.copy(vocab_bpe, folder / "merges.txt")
+    eos = json.load(open(encoder_json, encoding="utf-8"))["<|endoftext|>"]
+    cfg = GPT2Config(vocab_size=len(json.load(open(encoder_json, encoding="utf-8"))), n_positions=16, n_embd=8,
+                     n_layer=1, n_head=2, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    torch.manual_seed(0)
+    cfg.save_pretrained(folder)
+    torch.save(GPT2LMHeadModel(cfg).state_dict(), folder / "pytorch_model.bin")
+    return str(folder)
+
+
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def hf_copy(source: Callable[[], str], cut: Dict[str, int] = None, put: Dict[str, Callable[[], Union[str, bytes]]] = None,
+            drop=()):  # fmt: skip
+    """setup: ``{t}/hf``, a copy of the folder ``source()`` (weights linked), with files cut to their first N bytes
+    (a negative N: all but the last -N), replaced by ``put[name]()`` or dropped."""
+
+    def setup(t):
+        src, hf = source(), os.path.join(t, "hf")
+        os.makedirs(hf)
+        for name in os.listdir(src):
+            if name in drop:
+                continue
+            path = os.path.join(src, name)
+            if name in (cut or {}):
+                data = open(path, "rb").read()
+                open(os.path.join(hf, name), "wb").write(data[: cut[name]])
+            elif name in WEIGHTS:
+                os.symlink(os.path.abspath(path), os.path.join(hf, name))
+            else:
+                shutil.copy(path, hf)
+        for name, content in (put or {}).items():
+            data = content()
+            open(os.path.join(hf, name), "wb").write(data if isinstance(data, bytes) else data.encode())
+
+    return setup
+
+
+def read(path: Callable[[], str]) -> Callable[[], bytes]:
+    return lambda: open(path(), "rb").read()
+
+
+def one_of(f: Callable[[], str], name: str) -> Callable[[], bytes]:
+    return lambda: open(os.path.join(f(), name), "rb").read()
+
+
+def fewer_bpe_tokens() -> str:
+    """GPT-2's encoder.json without its last 1,000 tokens."""
+    encoder = json.load(open(gpt2_bpe()[0], encoding="utf-8"))
+    return json.dumps({k: i for k, i in encoder.items() if i < len(encoder) - 1000})
+
+
+def more_wordpiece_tokens() -> str:
+    """all-MiniLM-L6-v2's tokenizer.json with two added tokens beyond its embedding rows."""
+    spec = json.load(open(os.path.join(minilm(), "tokenizer.json"), encoding="utf-8"))
+    n = len(spec["model"]["vocab"])
+    spec["added_tokens"] = spec.get("added_tokens", []) + [{"id": n, "content": "[X1]"}, {"id": n + 1, "content": "[X2]"}]
+    return json.dumps(spec)
+
+
+def fairseq_checkpoint(data: Optional[bytes] = None, evil: bool = False):
+    """setup: {t}/ck/model.pt (a fairseq checkpoint of an 8-row embedding, cut in half with ``data=b"half"``,
+    naming os.system with ``evil``) and a dict.txt of its 4 symbols."""
+
+    def setup(t):
+        os.makedirs(f"{t}/ck")
+        state = {"model": {"encoder.embed_tokens.weight": torch.ones(8, 2)}, "args": None}
+        torch.save({**state, "x": os.system} if evil else state, f"{t}/ck/model.pt")
+        if data == b"half":
+            whole = open(f"{t}/ck/model.pt", "rb").read()
+            open(f"{t}/ck/model.pt", "wb").write(whole[: len(whole) // 2])
+        open(f"{t}/ck/dict.txt", "w").write("a 1\nb 1\nc 1\nd 1\n")
+
+    return setup
+
+
+OLD_CONVERTED = {"out/model.pt": b"an earlier conversion", "out/dict.txt": "a 1\n", "out/notes.txt": "mine\n"}
+OLD_LM = {"out/checkpoint.pt": b"an earlier conversion", "out/dict.txt": "a 1\n", "out/notes.txt": "mine\n"}
+HF_BERT, HF_BART, HF_GPT2 = (["convert." + c, "{t}/hf", "{t}/out"] for c in ("hf_bert", "hf_bart", "hf_gpt2"))
+NOT_JSON = "not valid JSON"
 
 CASES = [
     # prep.commongen: every split read and checked before raw/ is replaced; a later stage's files kept
@@ -561,6 +731,192 @@ CASES = [
         "{t}/none.pt: checkpoint file not found",
         DICTS,
     ),
+    # convert.hf_bert / hf_bart / hf_gpt2: a damaged download names the file and says to download it again; a
+    # vocabulary of another model names both sizes; the earlier OUT stays byte-identical
+    Case(
+        "hf-bert-safetensors-cut-short",
+        HF_BERT,
+        "{t}/hf/model.safetensors: not a complete safetensors file (incomplete metadata, file not fully covered): "
+        "re-download model.safetensors",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, cut={"model.safetensors": 1_000_000}),
+    ),
+    Case(
+        "hf-bert-pytorch-bin-cut-short",
+        HF_BERT,
+        "{t}/hf/pytorch_model.bin: cannot be read: truncated, or not a torch checkpoint (a zip archive without its "
+        "end): re-download pytorch_model.bin",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bert_bin, cut={"pytorch_model.bin": 20_000}),
+    ),
+    Case(
+        "hf-bert-tokenizer-json-cut-short",
+        HF_BERT,
+        "{t}/hf/tokenizer.json:1: not valid JSON (Unterminated string starting at: column",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, cut={"tokenizer.json": 1000}),
+    ),
+    Case(
+        "hf-bert-config-json-cut-short",
+        HF_BERT,
+        "{t}/hf/config.json:",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, cut={"config.json": 100}),
+    ),
+    Case(
+        "hf-bert-chinese-vocab-beside-an-english-model",
+        HF_BERT,
+        lambda t: f"{t}/hf/vocab.txt: {lines_of(chinese_vocab())} tokens for the {embedding_rows(minilm())} embedding "
+        "rows of the model",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, drop=["tokenizer.json"], put={"vocab.txt": read(chinese_vocab)}),
+    ),
+    Case(
+        "hf-bert-vocab-longer-than-the-embedding",
+        HF_BERT,
+        lambda t: f"{t}/hf/tokenizer.json: {embedding_rows(minilm()) + 2} tokens for the {embedding_rows(minilm())} "
+        "embedding rows of the model",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, put={"tokenizer.json": more_wordpiece_tokens}),
+    ),
+    Case(
+        "hf-bert-no-weights",
+        HF_BERT,
+        "{t}/hf: no weights: neither model.safetensors nor pytorch_model.bin",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, drop=WEIGHTS),
+    ),
+    Case(
+        "hf-bart-safetensors-cut-short",
+        HF_BART,
+        "{t}/hf/model.safetensors: not a complete safetensors file",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bart, cut={"model.safetensors": -1000}),
+    ),
+    Case(
+        "hf-bart-vocab-json-cut-short",
+        HF_BART,
+        "{t}/hf/vocab.json:1: " + NOT_JSON,
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bart, cut={"vocab.json": 5000}),
+    ),
+    Case(
+        "hf-bart-tokenizer-json-cut-short",
+        HF_BART,
+        "{t}/hf/tokenizer.json:",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bart, cut={"tokenizer.json": 5000}, drop=["vocab.json", "merges.txt"]),
+    ),
+    Case(
+        "hf-bart-config-json-cut-short",
+        HF_BART,
+        "{t}/hf/config.json:",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bart, cut={"config.json": 200}),
+    ),
+    Case(
+        "hf-bart-gpt2-vocab-json-beside-bart",
+        HF_BART,
+        lambda t: f"{t}/hf/vocab.json: {len(json.load(open(gpt2_bpe()[0])))} tokens for the "
+        f"{embedding_rows(tiny_bart())} embedding rows of the model",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(tiny_bart, put={"vocab.json": lambda: open(gpt2_bpe()[0], "rb").read()}),
+    ),
+    Case(
+        "hf-gpt2-pytorch-bin-cut-short",
+        HF_GPT2,
+        "{t}/hf/pytorch_model.bin: cannot be read: truncated",
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, cut={"pytorch_model.bin": -100}),
+    ),
+    Case(
+        "hf-gpt2-vocab-json-cut-short",
+        HF_GPT2,
+        "{t}/hf/vocab.json:1: " + NOT_JSON,
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, cut={"vocab.json": 5000}),
+    ),
+    Case(
+        "hf-gpt2-tokenizer-json-cut-short",
+        HF_GPT2,
+        "{t}/hf/tokenizer.json:1: " + NOT_JSON,
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, drop=["vocab.json", "merges.txt"], put={"tokenizer.json": lambda: '{"model": {"type": '}),
+    ),
+    Case(
+        "hf-gpt2-config-json-not-json",
+        HF_GPT2,
+        "{t}/hf/config.json:",
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, cut={"config.json": 50}),
+    ),
+    Case(
+        "hf-gpt2-fewer-bpe-tokens-than-rows",
+        HF_GPT2,
+        lambda t: f"{t}/hf/vocab.json: {embedding_rows(tiny_gpt2()) - 1000} tokens for the "
+        f"{embedding_rows(tiny_gpt2())} embedding rows of the model",
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, put={"vocab.json": fewer_bpe_tokens}),
+    ),
+    Case(
+        "hf-gpt2-merges-not-utf8",
+        HF_GPT2,
+        "{t}/hf/merges.txt:3: not valid UTF-8",
+        OLD_LM,
+        ["out"],
+        hf_copy(tiny_gpt2, put={"merges.txt": lambda: b"#version: 0.2\nG t\n\xff\xfe h\n"}),
+    ),
+    # the checkpoint tools: a checkpoint cut short, one that weights-only loading refuses; OUT kept
+    Case(
+        "fairseq-legacy-checkpoint-cut-short",
+        ["convert.fairseq_legacy", "{t}/ck/model.pt", "{t}/new.pt"],
+        "{t}/ck/model.pt: cannot be read: truncated, or not a torch checkpoint (a zip archive without its end): "
+        "re-download model.pt",
+        {"new.pt": b"an earlier conversion"},
+        ["new.pt"],
+        fairseq_checkpoint(b"half"),
+    ),
+    Case(
+        "fairseq-legacy-refused-global",
+        ["convert.fairseq_legacy", "{t}/ck/model.pt", "{t}/new.pt"],
+        "{t}/ck/model.pt: refused: it names the Python object posix.system",
+        {"new.pt": b"an earlier conversion"},
+        ["new.pt"],
+        fairseq_checkpoint(evil=True),
+    ),
+    Case(
+        "extend-dictionary-checkpoint-cut-short",
+        ["convert.extend_dictionary", "{t}/ck", "{t}/task/dict.txt", "--add", "<sep>"],
+        "{t}/ck/model.pt: cannot be read: truncated",
+        {"task/dict.txt": "a 1\n"},
+        ["task"],
+        fairseq_checkpoint(b"half"),
+    ),
+    Case(
+        "extend-dictionary-refused-global",
+        ["convert.extend_dictionary", "{t}/ck", "{t}/task/dict.txt", "--add", "<sep>"],
+        "{t}/ck/model.pt: refused: it names the Python object posix.system",
+        {"task/dict.txt": "a 1\n"},
+        ["task"],
+        fairseq_checkpoint(evil=True),
+    ),
     # demo_data
     Case(
         "demo-data-file-in-place-of-out",
@@ -633,7 +989,8 @@ def test_bad_input(case, tmp_path):
     assert code == case.code, (code, err[-2000:])
     lines = err.strip().splitlines()
     assert lines and lines[-1].startswith("error: "), err
-    assert case.where.replace("{t}", t) in lines[-1], lines[-1]
+    where = case.where(t) if callable(case.where) else case.where.replace("{t}", t)
+    assert where in lines[-1], lines[-1]
     assert _snapshot(t, case.keep) == before
     left = [os.path.join(d, n) for d, dirs, names in os.walk(t) for n in dirs + names if n.startswith(".tmp-")]
     assert not left

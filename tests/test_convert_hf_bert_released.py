@@ -193,7 +193,7 @@ def test_failed_conversion_leaves_no_folder_and_keeps_the_old_one(tmp_path, monk
     assert sorted(os.listdir(tmp_path)) == ["hf", "work"]
     # a failure while writing: the earlier output stays byte for byte, no temporary folder is left
     (hf_dir / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")  # 7 tokens: row 8 a stand-in
-    hf_bert.convert(str(hf_dir), str(tmp_path / "out"))
+    hf_bert.convert(str(hf_dir), str(tmp_path / "out"), allow_vocab_mismatch=True)
     assert "<bert-id-7> 1" in (tmp_path / "out" / "dict.txt").read_text(encoding="utf-8")
     before = {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
 
@@ -203,7 +203,7 @@ def test_failed_conversion_leaves_no_folder_and_keeps_the_old_one(tmp_path, monk
     monkeypatch.setattr(checkpoint_utils, "torch_persistent_save", fail)
     (hf_dir / "vocab.txt").write_text("\n".join(tokens[:5] + ["乙", "甲"]) + "\n", encoding="utf-8")  # another dict
     with pytest.raises(OSError, match="disk full"):
-        hf_bert.convert(str(hf_dir), str(tmp_path / "out"))
+        hf_bert.convert(str(hf_dir), str(tmp_path / "out"), allow_vocab_mismatch=True)
     assert {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")} == before
     assert sorted(os.listdir(tmp_path)) == ["hf", "out", "work"]
 
@@ -221,3 +221,28 @@ def test_a_refusal_names_a_dozen_tensors_and_a_count():
     msg = str(e.value)
     assert msg.startswith("ckpt.pt: refusing a partial load: 39 tensor(s) of the model not in the checkpoint")
     assert msg.count(".weight") + msg.count(".bias") == 12 and msg.endswith("... and 27 more")
+
+
+def test_a_vocabulary_of_another_size_is_refused_unless_meant(tmp_path, capsys):
+    """Google's Chinese vocab.txt beside a BERT of more rows (a padded embedding, or another model): refused,
+    naming both sizes, and nothing written; with --allow-vocab-mismatch converted, the extra rows stand-ins,
+    and the difference said on stderr."""
+    from transformers import BertConfig, BertModel
+
+    from fairseq_knowgen.convert import hf_bert
+    from fairseq_knowgen.textio import DataError
+
+    vocab_path, tokens = chinese_vocab(tmp_path)
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "vocab.txt").write_bytes(open(vocab_path, "rb").read())
+    cfg = BertConfig(vocab_size=len(tokens) + 10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=16, max_position_embeddings=16)
+    BertModel(cfg).save_pretrained(str(hf_dir))
+    with pytest.raises(DataError, match=rf"vocab.txt: {len(tokens)} tokens for the {len(tokens) + 10} embedding rows"):
+        hf_bert.main([str(hf_dir), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    hf_bert.main([str(hf_dir), str(tmp_path / "out"), "--allow-vocab-mismatch"])
+    symbols = [line.rsplit(" ", 1)[0] for line in (tmp_path / "out" / "dict.txt").read_text("utf-8").split("\n")[:-1]]
+    assert symbols[-10:] == [f"<bert-id-{len(tokens) + i}>" for i in range(10)]
+    assert f"{len(tokens)} tokens for {len(tokens) + 10} rows: the 10 rows without a token" in capsys.readouterr().err

@@ -25,7 +25,10 @@ Refused, naming what is wrong: a checkpoint with more rows than the task diction
 fairseq's own case of BART's ``<mask>`` row, which it drops for a dictionary without
 ``<mask>``); a task dictionary without ``<mask>`` that puts a package symbol
 (``<sep>``, ``<ent-K>``, ``<unk-N>``) on the checkpoint's last row, the row of BART's ``<mask>``;
-and a pretrained tensor that fairseq's BART upgrade would drop (a classification head).
+and a pretrained tensor that fairseq's BART upgrade would drop (a classification head). The
+command stops with ``error: FILE: ...`` and exit status 2 on a checkpoint or ``dict.txt`` that
+cannot be read (cut short, refused by weights-only loading), and replaces an earlier OUT only with
+a complete file.
 
 The task dictionary of a released BART folder (``model.pt``, ``dict.txt``)::
 
@@ -44,7 +47,7 @@ import torch
 from fairseq.data import Dictionary
 from torch import Tensor
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, atomic_write, check_writable, cli_entry
 
 MASK = "<mask>"
 # the embedding matrices of a fairseq encoder-decoder, grown together (tied ones stay tied)
@@ -93,7 +96,7 @@ def write_dictionary(path: str, symbols: Sequence[str], counts: Optional[Dict[st
     if list(symbols[: len(specials)]) != specials:
         raise ValueError(f"the symbols must start with fairseq's specials {specials}")
     counts = counts or {}
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:  # an earlier file stays until the new one is complete
         for s in symbols[len(specials) :]:
             f.write(f"{s} {counts.get(s, 1)}\n")
 
@@ -180,18 +183,19 @@ def main(argv=None):
     p.add_argument("--add", nargs="+", default=[], metavar="SYMBOL", help="symbols the task needs, e.g. '<sep>'")
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name in CHECKPOINT_DIR (model.pt)")
     a = p.parse_args(argv)
-    import fairseq_knowgen.checkpoint_compat  # noqa: F401  (weights-only load of fairseq's 'args')
+    from .downloads import read_fairseq_checkpoint, read_fairseq_dictionary
 
     ckpt, dict_path = os.path.join(a.checkpoint_dir, a.checkpoint), os.path.join(a.checkpoint_dir, "dict.txt")
     for path in (ckpt, dict_path):
         if not os.path.isfile(path):
             raise DataError(path, 0, "no such file")
-    model = torch.load(ckpt, map_location="cpu")["model"]
+    check_writable(a.out)
+    d = read_fairseq_dictionary(dict_path)
+    model = read_fairseq_checkpoint(ckpt)["model"]
     if "encoder.embed_tokens.weight" not in model:
         raise DataError(ckpt, 0, "no encoder.embed_tokens.weight: not a fairseq encoder-decoder checkpoint")
     old = pretrained_symbols(dict_path, model["encoder.embed_tokens.weight"].size(0))
     new = extended_symbols(old, a.add)
-    d = Dictionary.load(dict_path)
     write_dictionary(a.out, new, dict(zip(d.symbols, d.count)))
     print(f"{a.out}: {len(old)} symbols of the checkpoint (rows kept), {len(new) - len(old)} new: {new[len(old):]}")
 

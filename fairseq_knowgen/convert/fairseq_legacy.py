@@ -21,7 +21,9 @@ A checkpoint already in the current layout passes unchanged. As a command::
 
     python -m fairseq_knowgen.convert.fairseq_legacy IN.pt OUT.pt
 
-writes ``IN.pt`` with its model tensors renamed (its ``args``/``cfg`` and everything else kept);
+writes ``IN.pt`` with its model tensors renamed (its ``args``/``cfg`` and everything else kept; an
+earlier ``OUT.pt`` is replaced only once the new one is complete, and a checkpoint that cannot be
+read, cut short or refused by weights-only loading, stops with ``error: IN.pt: ...`` and exit status 2);
 ``python -m fairseq_knowgen.convert.fairseq_legacy --encoder-flags IN.pt`` prints the encoder's
 size flags as its args give them (``--encoder-layers 12 --encoder-embed-dim 768 ...``), which is
 how ``examples/kbert/run.sh`` sizes K-BERT for a ``PRETRAINED`` folder.
@@ -42,7 +44,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, atomic_write, check_writable, cli_entry
 
 POSITION_TABLES = ("embed_positions.weight",)
 NAMES_SHOWN = 12
@@ -169,9 +171,9 @@ def encoder_flags(args) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    from fairseq import checkpoint_utils
-
     import fairseq_knowgen  # noqa: F401  (the weights-only allow-list)
+
+    from .downloads import read_fairseq_checkpoint
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("input", help="a fairseq checkpoint in a released (older) layout")
@@ -188,10 +190,15 @@ def main(argv: Optional[Sequence[str]] = None):
         return
     if not a.output:
         p.error("OUT is needed (or --encoder-flags)")
-    ckpt = torch.load(a.input, map_location="cpu")  # as written (fairseq's loader would rewrite args into cfg)
+    check_writable(a.output)
+    ckpt = read_fairseq_checkpoint(a.input)  # as written (fairseq's loader would rewrite args into cfg)
     before = set(ckpt["model"])
-    ckpt["model"] = upgrade_state(ckpt["model"])
-    checkpoint_utils.torch_persistent_save(ckpt, a.output)
+    try:
+        ckpt["model"] = upgrade_state(ckpt["model"])
+    except ValueError as e:
+        raise DataError(a.input, 0, str(e)) from None
+    with atomic_write(a.output, "wb") as f:  # an earlier OUT stays until the new one is complete
+        torch.save(ckpt, f)
     print(f"{a.output}: {len(ckpt['model'])} tensors, {len(before - set(ckpt['model']))} renamed or split")
 
 

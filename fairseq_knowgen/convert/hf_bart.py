@@ -37,11 +37,15 @@ Refused, naming what is wrong (of many tensors, a dozen and the count of the res
 ``final_logits_bias`` that is not zero (HF adds it to the logits; fairseq's BART has no such
 tensor, and dropping it would change the model), an untied ``lm_head``, a configuration fairseq's
 ``bart`` layers cannot express (another ``model_type``, an activation fairseq lacks), a tokenizer
+of another model (its size is not ``config.json``'s ``vocab_size``: both are named), a tokenizer
 whose ids do not fill the embedding rows or do not put fairseq's specials at 0-3, HF tensors the
 conversion leaves unused and fairseq tensors it leaves unset (a load that leaves pretrained tensors
-untouched is an error, never a log line). The folder is written under a temporary name and renamed
-into place at the end (``hf_bert``'s ``output_folder``): a failed conversion leaves no half-made
-``OUT_DIR``, and an earlier ``OUT_DIR`` is replaced only by a complete one.
+untouched is an error, never a log line). Damaged downloads (weights cut short, a JSON file that is
+not JSON) stop with ``error: FILE[:LINE]: ...: re-download FILE``
+(:mod:`fairseq_knowgen.convert.downloads`). Every input is read and checked before anything is
+written; the folder is written under a temporary name and renamed into place at the end
+(:func:`fairseq_knowgen.textio.output_folder`): a failed conversion leaves no half-made ``OUT_DIR``,
+and an earlier ``OUT_DIR`` is replaced only by a complete one.
 """
 
 import argparse
@@ -52,9 +56,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from ..textio import DataError, cli_entry
+from ..textio import DataError, cli_entry, output_folder
+from .downloads import check_vocab_size, load_model, read_config, read_json, read_text
 from .fairseq_legacy import some_names
-from .hf_bert import output_folder
 from .hf_gpt2 import bpe_files_from_tokenizer_json
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary rows 0-3, HF BART's ids 0-3
@@ -78,37 +82,42 @@ def gpt2_encoder(merges: Sequence[str]) -> Dict[str, int]:
     return encoder
 
 
-def read_tokenizer(hf_dir: str) -> Tuple[Dict[str, int], List[str]]:
-    """``(token -> HF id, merges)`` from ``vocab.json`` + ``merges.txt`` or, without them,
-    ``tokenizer.json`` (its ``added_tokens`` included)."""
+def read_tokenizer(hf_dir: str) -> Tuple[Dict[str, int], List[str], str]:
+    """``(token -> HF id, merges, the file of the vocabulary)`` from ``vocab.json`` + ``merges.txt``
+    or, without them, ``tokenizer.json`` (its ``added_tokens`` included)."""
     vocab_path, merges_path = os.path.join(hf_dir, "vocab.json"), os.path.join(hf_dir, "merges.txt")
     tok_path = os.path.join(hf_dir, "tokenizer.json")
     if os.path.isfile(vocab_path) and os.path.isfile(merges_path):
-        with open(vocab_path, encoding="utf-8") as f:
-            vocab = json.load(f)
-        with open(merges_path, encoding="utf-8") as f:
-            merges_text = f.read()
+        vocab, merges_text = read_json(vocab_path, "BPE vocabulary"), read_text(merges_path)
     elif os.path.isfile(tok_path):
         vocab, merges_text = bpe_files_from_tokenizer_json(tok_path)
+        vocab_path = merges_path = tok_path
     else:
         raise DataError(hf_dir, 0, "no tokenizer: neither vocab.json + merges.txt nor tokenizer.json")
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise DataError(vocab_path, 0, "not a BPE vocabulary (a JSON object of token -> integer id)")
     merges = [m for m in merges_text.split("\n") if m.strip() and not m.startswith("#version")]
     bad = [m for m in merges if len(m.split(" ")) != 2]
     if bad:
         raise DataError(merges_path, 0, f"{len(bad)} merges are not two symbols: {some_names(map(repr, bad))}")
-    return vocab, merges
+    return vocab, merges, vocab_path
 
 
 def dictionary_symbols(
-    vocab: Dict[str, int], num_rows: int, gpt2: Dict[str, int], where: str
+    vocab: Dict[str, int], num_rows: int, gpt2: Dict[str, int], where: str, config_path: str = "config.json"
 ) -> Tuple[List[str], bool]:
     """The fairseq symbol of each of the model's ``num_rows`` embedding rows (the HF id's token:
-    its GPT-2 id, a special, or the token itself), and whether the last row is ``<mask>``."""
+    its GPT-2 id, a special, or the token itself), and whether the last row is ``<mask>``. A
+    vocabulary of another size than ``num_rows`` (``vocab_size`` of ``config_path``) is another
+    model's and refused, naming both sizes."""
     by_id: Dict[int, str] = {}
     for tok, i in vocab.items():
         if i in by_id:
             raise DataError(where, 0, f"tokens {by_id[i]!r} and {tok!r} share id {i}")
         by_id[i] = tok
+    # fairseq's denoising task appends <mask>: a tokenizer may name it one row past the embedding
+    beyond_mask = vocab.get(MASK) is not None and vocab[MASK] >= num_rows
+    check_vocab_size(where, len(by_id) - int(beyond_mask), config_path, num_rows)
     wrong = [f"{i}: {by_id.get(i)!r} (fairseq: {s!r})" for i, s in enumerate(SPECIALS) if by_id.get(i) != s]
     if wrong:
         raise DataError(where, 0, f"ids 0-3 must be fairseq's {' '.join(SPECIALS)}; {'; '.join(wrong)}")
@@ -218,17 +227,7 @@ def load_hf_bart(hf_dir: str):
     some of its tensors at random or drop some of the folder's."""
     from transformers import BartForConditionalGeneration
 
-    model, info = BartForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True, output_loading_info=True)
-    problems = []
-    for kind, what in (("missing_keys", "lacks"), ("unexpected_keys", "has tensors BART has no place for:")):
-        keys = sorted(info.get(kind) or [])
-        if keys:
-            problems.append(f"the weights {what} {len(keys)}: {some_names(keys)}")
-    if info.get("mismatched_keys"):
-        problems.append(f"shapes differ: {some_names(str(k) for k in info['mismatched_keys'])}")
-    if problems:
-        raise DataError(hf_dir, 0, "; ".join(problems))
-    return model
+    return load_model(BartForConditionalGeneration, hf_dir, unexpected_ok=False)
 
 
 def convert(hf_dir: str, out_dir: str) -> str:
@@ -237,17 +236,18 @@ def convert(hf_dir: str, out_dir: str) -> str:
     from fairseq.data import Dictionary
     from fairseq.models.bart import BARTModel
 
+    from transformers import BartConfig
+
     config_path = os.path.join(hf_dir, "config.json")
-    if not os.path.isfile(config_path):
-        raise DataError(config_path, 0, "not found (a save_pretrained BART folder has config.json)")
-    vocab, merges = read_tokenizer(hf_dir)
-    hf_model = load_hf_bart(hf_dir)
-    hf_cfg = hf_model.config
-    gpt2 = gpt2_encoder(merges)
-    num_rows = hf_model.model.shared.weight.size(0)
-    symbols, has_mask = dictionary_symbols(vocab, num_rows, gpt2, os.path.join(hf_dir, "vocab.json"))
-    state = convert_state(hf_model.state_dict())
+    read_config(hf_dir, "BART")
+    hf_cfg = BartConfig.from_pretrained(hf_dir, local_files_only=True)
     final = os.path.abspath(out_dir)
+    args = bart_args(hf_cfg, final, config_path)
+    vocab, merges, vocab_path = read_tokenizer(hf_dir)
+    gpt2 = gpt2_encoder(merges)
+    symbols, has_mask = dictionary_symbols(vocab, hf_cfg.vocab_size, gpt2, vocab_path, config_path)
+    hf_model = load_hf_bart(hf_dir)  # its embedding has config.json's vocab_size rows (else: shapes differ)
+    state = convert_state(hf_model.state_dict())
     with output_folder(final) as tmp:
         with open(os.path.join(tmp, "dict.txt"), "w", encoding="utf-8") as f:
             for s in symbols[len(SPECIALS) : len(symbols) - int(has_mask)]:
@@ -256,7 +256,6 @@ def convert(hf_dir: str, out_dir: str) -> str:
         if has_mask:
             d.add_symbol(MASK)  # as fairseq's denoising task does
         assert d.symbols == symbols, "dict.txt does not give each HF id its row"
-        args = bart_args(hf_cfg, final, config_path)
         model = BARTModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d))
         target = model.state_dict()
         unset = sorted(k for k in target if k not in state and not k.endswith(".version"))

@@ -6,7 +6,7 @@ or ``BertForPreTraining`` (config.json, the weights as safetensors or ``pytorch_
 by ``transformers`` with ``local_files_only``, and the vocabulary) and writes, from any working
 folder::
 
-    python -m fairseq_knowgen.convert.hf_bert HF_DIR OUT_DIR
+    python -m fairseq_knowgen.convert.hf_bert HF_DIR OUT_DIR [--allow-vocab-mismatch]
 
 The vocabulary is ``HF_DIR/vocab.txt`` or, when the folder has none (``save_pretrained`` of
 ``transformers`` 5 writes only ``tokenizer.json``), the WordPiece vocabulary of
@@ -24,8 +24,7 @@ character ends a line and nothing is stripped, so Google's Chinese vocabulary ke
   BERT's ``[CLS] a [SEP] [b [SEP]]``. A token that a ``dict.txt`` line cannot name (empty, holding
   a whitespace character such as U+2028, one of fairseq's own symbols ``<s> <pad> </s> <unk>
   <mask>``, or an earlier copy of a repeated token, which BERT's tokenizer never maps to) keeps
-  its row under the stand-in symbol ``<bert-id-N>`` (N its BERT id), as does an embedding row
-  beyond the vocabulary (``vocab_size`` larger than the token list). No tokenizer of this package
+  its row under the stand-in symbol ``<bert-id-N>`` (N its BERT id). No tokenizer of this package
   produces a stand-in (K-BERT reads one character at a time), so those rows stay where BERT has
   them and are never read, as in BERT. Use the file as the K-BERT data folder's ``dict.txt``
   (``prep.kbert --srcdict``, or the recipe's ``PRETRAINED=OUT_DIR``);
@@ -49,6 +48,14 @@ character ends a line and nothing is stripped, so Google's Chinese vocabulary ke
   takes them when the flags leave them unset. BERT's pooler, masked-LM and next-sentence heads
   are not converted (K-BERT fine-tunes its own heads).
 
+A vocabulary whose size is not ``config.json``'s ``vocab_size`` belongs to another model (Chinese
+BERT's 21,128 tokens beside an English BERT's 30,522 rows would leave 9,394 rows without a token) and
+is refused, naming both sizes, unless ``--allow-vocab-mismatch`` says it is meant: rows beyond the
+token list then keep stand-ins ``<bert-id-N>``, tokens beyond the last row are left out, and the
+converter says how many. Damaged downloads (a ``model.safetensors`` or ``pytorch_model.bin`` cut
+short, a JSON file that is not JSON) stop with ``error: FILE[:LINE]: ...: re-download FILE`` and exit
+status 2 (:mod:`fairseq_knowgen.convert.downloads`).
+
 Every encoder tensor of BERT is used and every K-BERT encoder tensor set; anything else stops
 with an error naming the tensors (a dozen and the count of the rest), as does a configuration
 K-BERT's layers cannot express (relative position embeddings, a decoder or cross-attention, an
@@ -61,13 +68,14 @@ than ``model.pt`` and ``dict.txt`` are kept).
 import argparse
 import collections
 import io
-import json
 import os
+import sys
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..textio import DataError, cli_entry, output_folder
+from .downloads import check_vocab_size, load_model, read_config, read_json
 from .fairseq_legacy import some_names
 
 # BERT's special tokens -> fairseq's (the dictionary's four, then <mask> appended by the task)
@@ -108,13 +116,11 @@ def read_vocab_txt(path: str) -> List[str]:
 def read_tokenizer_json(path: str) -> List[str]:
     """The tokens (in id order) of a WordPiece ``tokenizer.json``: ``model.vocab`` and the
     ``added_tokens`` whose ids it lacks; the ids must be 0 .. N-1, each once."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-        model = spec["model"]
-        kind, vocab = model.get("type"), model.get("vocab")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DataError(path, 0, f"not a tokenizer.json with a model vocabulary ({type(e).__name__}: {e})") from None
+    spec = read_json(path, "tokenizer file")
+    model = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(model, dict):
+        raise DataError(path, 0, "no \"model\" object: not a tokenizer.json of the tokenizers library")
+    kind, vocab = model.get("type"), model.get("vocab")
     if kind != "WordPiece" or not isinstance(vocab, dict):
         raise DataError(path, 0, f"model type {kind!r}: BERT's tokenizer is WordPiece with a token -> id vocabulary")
     by_id: Dict[int, str] = {}
@@ -124,7 +130,10 @@ def read_tokenizer_json(path: str) -> List[str]:
             raise DataError(path, 0, f"token {tok!r} has id {i!r}, {why}")
         by_id[i] = tok
     for added in spec.get("added_tokens") or []:
-        by_id.setdefault(added.get("id"), added.get("content"))
+        if isinstance(added, dict) and isinstance(added.get("id"), int):
+            by_id.setdefault(added["id"], added.get("content"))
+    if not by_id:
+        raise DataError(path, 0, "the model vocabulary is empty")
     if sorted(by_id) != list(range(len(by_id))):
         gaps = sorted(set(range(max(by_id) + 1)) - set(by_id))
         raise DataError(path, 0, f"token ids are not 0..{len(by_id) - 1}: none for {some_names(map(str, gaps))}")
@@ -139,11 +148,7 @@ def special_token_names(hf_dir: str) -> Dict[str, str]:
         path = os.path.join(hf_dir, name)
         if not os.path.isfile(path):
             continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                spec = json.load(f)
-        except ValueError as e:
-            raise DataError(path, 0, f"not JSON ({e})") from None
+        spec = read_json(path)
         for key in SPECIAL_KEYS:
             value = spec.get(key) if isinstance(spec, dict) else None
             value = value.get("content") if isinstance(value, dict) else value
@@ -280,24 +285,30 @@ def convert_state(hf: Dict[str, torch.Tensor], num_layers: int, rows: torch.Tens
     return out
 
 
-def convert(hf_dir: str, out_dir: str) -> str:
-    """Write ``out_dir/model.pt`` and ``out_dir/dict.txt`` from the BERT folder ``hf_dir``."""
+def convert(hf_dir: str, out_dir: str, allow_vocab_mismatch: bool = False) -> str:
+    """Write ``out_dir/model.pt`` and ``out_dir/dict.txt`` from the BERT folder ``hf_dir``; a vocabulary
+    whose size is not the model's is refused unless ``allow_vocab_mismatch``."""
     from fairseq import checkpoint_utils, options
     from transformers import BertConfig, BertModel
 
     import fairseq_knowgen  # noqa: F401  (registers --task kbert_classification and --arch kbert_base)
 
     config_path = os.path.join(hf_dir, "config.json")
-    if not os.path.isfile(config_path):
-        raise DataError(config_path, 0, "not found (a save_pretrained BERT folder has config.json)")
+    read_config(hf_dir, "BERT")
     tokens, vocab_path = read_vocabulary(hf_dir)
+    specials = special_token_names(hf_dir)
     hf_cfg = BertConfig.from_pretrained(hf_dir, local_files_only=True)
     flags = kbert_flags(hf_cfg, config_path)
-    dictionary, rows = bert_dictionary(tokens, hf_cfg.vocab_size, vocab_path, special_token_names(hf_dir))
-    model, info = BertModel.from_pretrained(hf_dir, local_files_only=True, output_loading_info=True)
-    missing = sorted(k for k in info.get("missing_keys", []) if not k.startswith("pooler."))
-    if missing:
-        raise DataError(hf_dir, 0, f"the weights lack {some_names(missing)} (transformers would start them at random)")
+    n_rows = hf_cfg.vocab_size
+    mismatch = (
+        f"the {n_rows - len(tokens)} rows without a token keep stand-in symbols <bert-id-N>"
+        if len(tokens) < n_rows
+        else f"the {len(tokens) - n_rows} tokens beyond the last row are left out"
+    )
+    if not allow_vocab_mismatch:
+        check_vocab_size(vocab_path, len(tokens), config_path, n_rows, allowed=mismatch)
+    dictionary, rows = bert_dictionary(tokens[:n_rows], n_rows, vocab_path, specials)
+    model = load_model(BertModel, hf_dir, missing_ok=("pooler.",))
     state = convert_state(model.state_dict(), hf_cfg.num_hidden_layers, rows, dictionary.pad())
     # the args of the package's registered task and arch (imported above): no --user-dir, which would name a path
     args = options.parse_args_and_arch(
@@ -322,6 +333,8 @@ def convert(hf_dir: str, out_dir: str) -> str:
         f"{path}: {len(state)} tensors ({' '.join(flags)}); {out_dir}/dict.txt: {len(dictionary)} rows with <mask> "
         f"(vocabulary {os.path.basename(vocab_path)}, {standins} stand-in symbol(s) <bert-id-N>)"
     )
+    if len(tokens) != n_rows:
+        print(f"warning: {vocab_path}: {len(tokens)} tokens for {n_rows} rows: {mismatch}", file=sys.stderr)
     return path
 
 
@@ -332,8 +345,14 @@ def main(argv=None):
         "tokenizer.json)"
     )
     p.add_argument("out_dir", help="writes model.pt (--kbert-pretrained) and dict.txt (the K-BERT data's dict.txt)")
+    p.add_argument(
+        "--allow-vocab-mismatch",
+        action="store_true",
+        help="convert a vocabulary whose size is not the model's vocab_size: rows without a token keep stand-in "
+        "symbols <bert-id-N>, tokens beyond the last row are left out (refused without this flag)",
+    )
     a = p.parse_args(argv)
-    convert(a.hf_dir, a.out_dir)
+    convert(a.hf_dir, a.out_dir, a.allow_vocab_mismatch)
 
 
 if __name__ == "__main__":

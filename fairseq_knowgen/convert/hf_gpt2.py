@@ -4,7 +4,7 @@ CoCon (Chan et al., ICLR 2021) sits inside GPT-2; fairseq releases
 no GPT-2. This converter writes one that ``fairseq-eval-lm``, ``fairseq-train --task
 language_modeling`` and ``--cocon-lm-path`` load::
 
-    python -m fairseq_knowgen.convert.hf_gpt2 HF_DIR OUT_DIR
+    python -m fairseq_knowgen.convert.hf_gpt2 HF_DIR OUT_DIR [--allow-vocab-mismatch]
 
 ``HF_DIR``: a ``save_pretrained`` folder of ``GPT2LMHeadModel`` (config.json and the weights; read
 by ``transformers`` with ``local_files_only``). ``OUT_DIR`` receives:
@@ -46,17 +46,24 @@ far above GPT-2's typical logits, and take most of the mass). fairseq's search n
 
 Every GPT-2 tensor must be used and every fairseq tensor set: anything else stops with an error
 naming the tensors, as does a configuration fairseq's layers cannot express (another LayerNorm
-epsilon, attention scaled by layer index, cross-attention, an unknown activation).
+epsilon, attention scaled by layer index, cross-attention, an unknown activation), weights that lack
+a tensor (``transformers`` would start it at random), and a BPE vocabulary of another model: an id
+beyond the embedding rows, or (unless ``--allow-vocab-mismatch``) fewer tokens than rows. Damaged
+downloads (weights cut short, a JSON file that is not JSON) stop with ``error: FILE[:LINE]: ...:
+re-download FILE`` (:mod:`fairseq_knowgen.convert.downloads`). Every input is read and checked before
+anything is written.
 """
 
 import argparse
 import json
 import os
-from typing import Dict, List
+import sys
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..textio import DataError, cli_entry, output_folder
+from .downloads import check_vocab_size, load_model, read_config, read_json, read_text
 from .fairseq_legacy import some_names
 
 # GPT-2's activation names -> fairseq's (gelu_new: GPT-2's tanh approximation = fairseq's gelu_accurate)
@@ -201,40 +208,50 @@ def convert_state(hf: Dict[str, torch.Tensor], hf_cfg, rows: torch.Tensor, n_row
 def bpe_files_from_tokenizer_json(path: str):
     """``(encoder dict, merges text)`` of a ``tokenizers`` BPE file (what transformers >= 5 saves
     instead of ``vocab.json`` / ``merges.txt``)."""
-    with open(path, encoding="utf-8") as f:
-        tok = json.load(f)
-    model = tok.get("model") or {}
-    if model.get("type") != "BPE":
-        raise DataError(path, 0, f"not a BPE tokenizer (model type {model.get('type')!r})")
-    encoder = dict(model["vocab"])
-    for added in tok.get("added_tokens", []):  # <|endoftext|>
-        encoder.setdefault(added["content"], added["id"])
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    tok = read_json(path, "tokenizer file")
+    model = tok.get("model") if isinstance(tok, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "BPE":
+        raise DataError(path, 0, f"not a BPE tokenizer (model type {kind!r})")
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        raise DataError(path, 0, "a BPE model without its vocab (token -> id) and merges: re-download tokenizer.json")
+    encoder = dict(vocab)
+    for added in tok.get("added_tokens") or []:  # <|endoftext|>
+        if isinstance(added, dict) and "content" in added and "id" in added:
+            encoder.setdefault(added["content"], added["id"])
+    merges = [m if isinstance(m, str) else " ".join(map(str, m)) for m in merges]
     return encoder, "".join(m + "\n" for m in merges)
 
 
-def copy_bpe_files(hf_dir: str, out_dir: str) -> List[str]:
-    """``encoder.json`` / ``vocab.bpe`` for fairseq's GPT-2 BPE from ``hf_dir``: fairseq's names,
-    the HF tokenizer's ``vocab.json`` / ``merges.txt``, or its ``tokenizer.json``. The names written."""
+def read_bpe_files(hf_dir: str) -> Optional[Tuple[Dict[str, int], str, str]]:
+    """``(encoder, merges text, the file the encoder came from)`` of ``hf_dir``: fairseq's
+    ``encoder.json`` / ``vocab.bpe``, the HF tokenizer's ``vocab.json`` / ``merges.txt``, or its
+    ``tokenizer.json``; None when the folder has none of them. The merges start with fairseq's
+    ``#version`` line and end with a newline."""
 
     def first(*names):
         return next((os.path.join(hf_dir, n) for n in names if os.path.isfile(os.path.join(hf_dir, n))), None)
 
     enc_path, merges_path = first(*BPE_FILES["encoder.json"]), first(*BPE_FILES["vocab.bpe"])
-    encoder = merges = None
     if enc_path and merges_path:
-        with open(enc_path, encoding="utf-8") as f:
-            encoder = json.load(f)
-        with open(merges_path, encoding="utf-8") as f:
-            merges = f.read()
+        encoder, merges = read_json(enc_path, "BPE vocabulary"), read_text(merges_path)
     elif first("tokenizer.json"):
-        encoder, merges = bpe_files_from_tokenizer_json(first("tokenizer.json"))
+        enc_path = first("tokenizer.json")
+        encoder, merges = bpe_files_from_tokenizer_json(enc_path)
     else:
-        return []
+        return None
+    if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):
+        raise DataError(enc_path, 0, "not a BPE vocabulary (a JSON object of token -> integer id)")
     if not merges.startswith("#version"):  # fairseq's get_encoder drops the first line ...
         merges = "#version: 0.2\n" + merges
     if not merges.endswith("\n"):  # ... and the last one
         merges += "\n"
+    return encoder, merges, enc_path
+
+
+def write_bpe_files(encoder: Dict[str, int], merges: str, out_dir: str) -> List[str]:
+    """``OUT_DIR/encoder.json`` and ``OUT_DIR/vocab.bpe``; the names written."""
     with open(os.path.join(out_dir, "encoder.json"), "w", encoding="utf-8") as f:
         json.dump(encoder, f, ensure_ascii=False)
     with open(os.path.join(out_dir, "vocab.bpe"), "w", encoding="utf-8") as f:
@@ -242,29 +259,49 @@ def copy_bpe_files(hf_dir: str, out_dir: str) -> List[str]:
     return ["encoder.json", "vocab.bpe"]
 
 
-def check_encoder(path: str, vocab_size: int):
-    with open(path, encoding="utf-8") as f:
-        ids = json.load(f).values()
-    bad = [i for i in ids if not 0 <= i < vocab_size]
+def copy_bpe_files(hf_dir: str, out_dir: str) -> List[str]:
+    """``encoder.json`` / ``vocab.bpe`` for fairseq's GPT-2 BPE from ``hf_dir`` (:func:`read_bpe_files`).
+    The names written."""
+    bpe = read_bpe_files(hf_dir)
+    return write_bpe_files(*bpe[:2], out_dir) if bpe else []
+
+
+def check_encoder(encoder: Dict[str, int], where: str, config_path: str, vocab_size: int, allow_mismatch: bool):
+    """Refuse BPE ids beyond the model's ``vocab_size`` embedding rows, and (unless ``allow_mismatch``)
+    a BPE vocabulary of another size than the model's."""
+    bad = sorted(i for i in encoder.values() if not 0 <= i < vocab_size)
     if bad:
-        raise DataError(path, 0, f"BPE ids outside the model's {vocab_size} embeddings, e.g. {bad[:5]}")
+        raise DataError(
+            where,
+            0,
+            f"BPE ids outside the model's {vocab_size} embeddings, e.g. {bad[:5]} ({len(encoder)} tokens for "
+            f"{vocab_size} rows): not this model's tokenizer; use the one released with this model",
+        )
+    if not allow_mismatch:
+        unused = vocab_size - len(set(encoder.values()))
+        allowed = f"the {unused} rows without a token are never produced by the BPE"
+        check_vocab_size(where, len(encoder), config_path, vocab_size, allowed=allowed)
 
 
-def convert(hf_dir: str, out_dir: str) -> str:
-    """Convert ``hf_dir`` into ``out_dir`` (see the module docstring); returns the checkpoint's path."""
+def convert(hf_dir: str, out_dir: str, allow_vocab_mismatch: bool = False) -> str:
+    """Convert ``hf_dir`` into ``out_dir`` (see the module docstring); returns the checkpoint's path. A
+    BPE vocabulary whose size is not the model's is refused unless ``allow_vocab_mismatch``."""
     from fairseq.models.transformer_lm import TransformerLanguageModel
     from fairseq.tasks.language_modeling import LanguageModelingTask
-    from transformers import GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-        raise DataError(os.path.join(hf_dir, "config.json"), 0, "not a HuggingFace model folder (no config.json)")
-    hf_model = GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True)
-    hf_cfg = hf_model.config
-    flags = lm_flags(hf_cfg, os.path.join(hf_dir, "config.json"))
+    config_path = os.path.join(hf_dir, "config.json")
+    read_config(hf_dir, "GPT-2")
+    hf_cfg = GPT2Config.from_pretrained(hf_dir, local_files_only=True)
+    flags = lm_flags(hf_cfg, config_path)
+    V, eos = hf_cfg.vocab_size, hf_cfg.eos_token_id
+    bpe = read_bpe_files(hf_dir)
+    if bpe:
+        check_encoder(bpe[0], bpe[2], config_path, V, allow_vocab_mismatch)
+    hf_model = load_model(GPT2LMHeadModel, hf_dir)
     # the outputs go to a temporary folder that replaces OUT_DIR's own files only when all are written (a failed
     # conversion leaves OUT_DIR as it was, or absent); other files there are kept
     with output_folder(out_dir, owned=["dict.txt", "checkpoint.pt", "encoder.json", "vocab.bpe"]) as tmp:
-        V, eos = hf_cfg.vocab_size, hf_cfg.eos_token_id
         d = gpt2_dictionary(V, eos)
         d.save(os.path.join(tmp, "dict.txt"))
         cfg = lm_config(os.path.abspath(out_dir), flags)
@@ -286,15 +323,15 @@ def convert(hf_dir: str, out_dir: str) -> str:
         model.load_state_dict(target, strict=True)
         path = os.path.join(out_dir, "checkpoint.pt")
         save_lm_checkpoint(cfg, model, os.path.join(tmp, "checkpoint.pt"))
-        bpe = copy_bpe_files(hf_dir, tmp)
-        if "encoder.json" in bpe:
-            check_encoder(os.path.join(tmp, "encoder.json"), V)
+        written = write_bpe_files(*bpe[:2], tmp) if bpe else []
     n = sum(p.numel() for p in model.parameters())
     print(
         f"{hf_dir} -> {path}: {hf_cfg.n_layer} layers x {hf_cfg.n_embd}, {n} parameters, dict.txt {len(d)} "
         f"symbols (GPT-2 id i = fairseq id {d.index('0')}+i, <|endoftext|> {eos} = </s>), BPE files: "
-        f"{', '.join(bpe) or 'none'}"
+        f"{', '.join(written) or 'none'}"
     )
+    if bpe and len(bpe[0]) != V:
+        print(f"warning: {bpe[2]}: {len(bpe[0])} BPE tokens for {V} embedding rows", file=sys.stderr)
     return path
 
 
@@ -302,8 +339,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hf_dir", help="HuggingFace GPT2LMHeadModel folder (config.json, weights, tokenizer files)")
     p.add_argument("out_dir", help="folder for checkpoint.pt, dict.txt, encoder.json, vocab.bpe")
+    p.add_argument(
+        "--allow-vocab-mismatch",
+        action="store_true",
+        help="convert a BPE vocabulary with fewer tokens than the model's vocab_size (its rows without a token are "
+        "never produced; refused without this flag)",
+    )
     a = p.parse_args(argv)
-    convert(a.hf_dir, a.out_dir)
+    convert(a.hf_dir, a.out_dir, a.allow_vocab_mismatch)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ fairseq's own ``scripts/average_checkpoints.py`` is not installed with the fairs
     python -m fairseq_knowgen.checkpoint_average --dir RUN/checkpoints --last N --out AVG.pt
 
 It collects ``checkpointEPOCH.pt`` (kept with ``fairseq-train --keep-last-epochs K``; the
-recipes' ``KEEP_EPOCHS=K``) and ``checkpoint_last.pt``, identifies each by its update count
+recipes' ``KEEP_EPOCHS=K``), ``checkpoint_EPOCH_UPDATES.pt`` (``--save-interval-updates``, kept with
+``--keep-interval-updates K``) and ``checkpoint_last.pt``, identifies each by its update count
 (``optimizer_history[-1]["num_updates"]``; ``checkpoint_last.pt`` equals the newest epoch
 checkpoint when training stopped at an epoch's end, and a time limit usually stops it in
 the middle of one), and averages the N with the most updates:
@@ -35,7 +36,8 @@ import torch
 from .checkpoint_compat import read_checkpoint
 from .textio import DataError, atomic_write, check_writable, cli_entry
 
-_EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
+# checkpointEPOCH.pt and checkpoint_EPOCH_UPDATES.pt (fairseq-train --save-interval-updates)
+_TRAINING_CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+)\.pt$")
 
 
 class CheckpointAverageError(ValueError):
@@ -52,15 +54,15 @@ def num_updates(state: dict, path: str) -> int:
 
 
 def candidate_paths(directory: str) -> List[str]:
-    """checkpoint_last.pt and every checkpointEPOCH.pt of ``directory`` (not checkpoint_best.pt,
-    which is one of them, nor update-interval checkpoints)."""
-    names = sorted(n for n in os.listdir(directory) if _EPOCH_CHECKPOINT.fullmatch(n) or n == "checkpoint_last.pt")
+    """checkpoint_last.pt, every checkpointEPOCH.pt and every checkpoint_EPOCH_UPDATES.pt of
+    ``directory`` (not checkpoint_best.pt, which is one of them)."""
+    names = sorted(n for n in os.listdir(directory) if _TRAINING_CHECKPOINT.fullmatch(n) or n == "checkpoint_last.pt")
     return [os.path.join(directory, n) for n in names]
 
 
-def newest_distinct(paths: List[str], n: int) -> List[Tuple[int, str, dict]]:
+def newest_distinct(paths: List[str], n: int, directory: str = ".") -> List[Tuple[int, str, dict]]:
     """(num_updates, path, state) of the ``n`` checkpoints with the most updates, one per update
-    count, newest first."""
+    count, newest first (``directory``: where they are, for the error)."""
     by_updates: Dict[int, Tuple[str, dict]] = {}
     for path in paths:
         state = read_checkpoint(path)
@@ -68,8 +70,9 @@ def newest_distinct(paths: List[str], n: int) -> List[Tuple[int, str, dict]]:
     if len(by_updates) < n:
         found = ", ".join(f"{os.path.basename(p)} ({u} updates)" for u, (p, _) in sorted(by_updates.items()))
         raise CheckpointAverageError(
-            f"{os.path.dirname(paths[0]) if paths else '.'}: {n} checkpoints with distinct update counts needed, "
-            f"found {len(by_updates)}: {found or 'none'} (train with --keep-last-epochs {n}, the recipes' KEEP_EPOCHS)"
+            f"{directory}: {n} checkpoints with distinct update counts needed, found {len(by_updates)}: "
+            f"{found or 'none'} (train with --keep-last-epochs {n}, the recipes' KEEP_EPOCHS, or with "
+            f"--save-interval-updates and --keep-interval-updates {n})"
         )
     newest = sorted(by_updates.items(), reverse=True)[:n]
     return [(u, p, s) for u, (p, s) in newest]
@@ -107,7 +110,7 @@ def average_checkpoints(directory: str, n: int, out: str) -> List[str]:
     if not os.path.isdir(directory):
         raise CheckpointAverageError(f"{directory}: no such folder")
     check_writable(out)  # before reading N checkpoints
-    chosen = newest_distinct(candidate_paths(directory), n)
+    chosen = newest_distinct(candidate_paths(directory), n, directory)
     state = chosen[0][2]
     state["model"] = average_models([(p, s["model"]) for _, p, s in chosen])
     state.pop("last_optimizer_state", None)

@@ -8,7 +8,10 @@
 With ``--path`` the predictions are made first (one label per line; for tagging one tag per
 original character, space-separated: tags of injected tokens are never read, sentence characters
 a too long tree lost are tagged ``O``) and written to ``--pred``; without it ``--pred`` is read and
-scored. Every row of the split is predicted (batches of any size; no row is dropped).
+scored. Every row of the split is predicted (batches of any size; no row is dropped). A predicted
+label or tag that ``DATA/labels.txt`` (else ``DATA/train.tsv``) lacks is no prediction of the task's
+model: it stops the scoring with ``error: PRED:LINE: ...`` and exit status 2, as a prediction file of
+another length or a tag line of another length than its sentence does.
 
 Tagging predictions are the argmax of each character's tag distribution (the paper's and the
 authors' tagger), or with ``--viterbi`` the best valid IOB2 sequence
@@ -25,7 +28,7 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -56,7 +59,37 @@ def tagging_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]])
     }
 
 
-def score(gold_tsv: str, pred_path: str, tagging: bool) -> dict:
+def task_labels(data: str, tagging: bool) -> Tuple[Optional[List[str]], str]:
+    """``(labels, their file)``: what a model of the task folder ``data`` can predict, from
+    ``DATA/labels.txt`` as the ``kbert_*`` tasks read it, else the labels of ``DATA/train.tsv``;
+    ``(None, "")`` when the folder has neither."""
+    path = os.path.join(data, "labels.txt")
+    if os.path.isfile(path):
+        return [x.strip() for x in read_lines(path, "labels") if x.strip()], path
+    train = os.path.join(data, "train.tsv")
+    if os.path.isfile(train):
+        examples = read_tsv(train, tagging)
+        return sorted({t for ex in examples for t in ex.label} if tagging else {ex.label for ex in examples}), train
+    return None, ""
+
+
+def check_known(pred_path: str, n: int, predicted: Sequence[str], labels: Sequence[str], labels_path: str, what):
+    """A predicted label (tag) that the task's labels lack is no prediction of its model: an error naming
+    ``pred_path:n`` (a wrong answer would be counted otherwise)."""
+    unknown = [x for x in predicted if x not in labels]
+    if unknown:
+        shown = ", ".join(labels[:12]) + (f", ... ({len(labels)} in all)" if len(labels) > 12 else "")
+        raise DataError(
+            pred_path,
+            n,
+            f"{what} {unknown[0]!r} is not among the {what}s of {labels_path} ({shown}): predictions of another "
+            "task or a damaged file; predict again with --path",
+        )
+
+
+def score(gold_tsv: str, pred_path: str, tagging: bool, labels=None, labels_path: str = "") -> dict:
+    """The scores of ``pred_path`` against ``gold_tsv``; with ``labels`` (of ``labels_path``), a
+    predicted label or tag outside them is an error."""
     examples = read_tsv(gold_tsv, tagging)
     preds = read_lines(pred_path, "predictions")
     if len(preds) != len(examples):
@@ -66,6 +99,9 @@ def score(gold_tsv: str, pred_path: str, tagging: bool) -> dict:
             f"{len(preds)} predictions, {len(examples)} examples in {gold_tsv}",
         )
     if not tagging:
+        if labels is not None:
+            for n, p in enumerate(preds, start=1):
+                check_known(pred_path, n, [p.strip()], labels, labels_path, "label")
         return {
             "accuracy": accuracy([ex.label for ex in examples], [p.strip() for p in preds]),
             "sentences": len(preds),
@@ -75,6 +111,8 @@ def score(gold_tsv: str, pred_path: str, tagging: bool) -> dict:
         tags = p.split()
         if len(tags) != len(ex.tokens):
             raise DataError(pred_path, n, f"{len(tags)} tags for {len(ex.tokens)} characters ({gold_tsv}:{ex.line})")
+        if labels is not None:
+            check_known(pred_path, n, tags, labels, labels_path, "tag")
         pred_tags.append(tags)
     return tagging_scores([ex.label for ex in examples], pred_tags)
 
@@ -144,7 +182,8 @@ def main(argv=None):
         preds, tagging = predict(model, task, a.split, use_viterbi=a.viterbi), task.tagging
         with atomic_write(a.pred) as f:
             f.writelines(x + "\n" for x in preds)
-    raw = score(os.path.join(a.data, f"{a.split}.tsv"), a.pred, tagging)
+    labels, labels_path = task_labels(a.data, tagging)
+    raw = score(os.path.join(a.data, f"{a.split}.tsv"), a.pred, tagging, labels, labels_path)
     scores = {k: (v if k == "sentences" else 100 * v) for k, v in raw.items()}  # percent, as scripts/evaluate.py
     if tagging:
         decoding = " (Viterbi IOB2)" if a.viterbi else " (argmax)" if a.path else ""

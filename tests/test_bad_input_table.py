@@ -328,6 +328,29 @@ CASES = [
         {**CG, "raw": "a file\n"},
         ["raw"],
     ),
+    # prep.commongen: an empty concept line (an empty source in training, an extra concept set in dev)
+    Case(
+        "commongen-train-empty-concept-line",
+        COMMONGEN,
+        "{t}/cg/commongen.train.src_alpha.txt:2: empty line",
+        {**CG, **OLD_RAW, "cg/commongen.train.src_alpha.txt": "dog run\n\ncat sit\n",
+         "cg/commongen.train.tgt.txt": "a dog runs\na thing\na cat sits\n"},  # fmt: skip
+        ["raw"],
+    ),
+    Case(
+        "commongen-dev-empty-concept-line",
+        COMMONGEN,
+        "{t}/cg/commongen.dev.src_alpha.txt:2: empty line",
+        {**CG, **OLD_RAW, "cg/commongen.dev.src_alpha.txt": "dog run\n \n", "cg/commongen.dev.tgt.txt": "a dog\nx\n"},
+        ["raw"],
+    ),
+    Case(
+        "commongen-dev-empty-reference-line",
+        COMMONGEN,
+        "{t}/cg/commongen.dev.tgt.txt:1: empty line",
+        {**CG, **OLD_RAW, "cg/commongen.dev.tgt.txt": "\n"},
+        ["raw"],
+    ),
     # prep.kbert: the TSVs and the KG checked before data/, kg/ and mlm/ are replaced
     Case(
         "kbert-dev-row-short-of-a-column",
@@ -363,6 +386,28 @@ CASES = [
         "{t}/kbt/train.tsv:1: header must name the columns 'label' and 'text_a'",
         {**KBT, **OLD_KB, "kbt/train.tsv": "text\tlabel\n今 天\tB-X I-X\n"},
         ["kbo"],
+    ),
+    Case(
+        "kbert-kg-of-a-bom-and-blank-lines",
+        KBERT + ["{t}/kb", "--kg", "{t}/kg.spo"],
+        "{t}/kg.spo: no triples, only blank lines",
+        {**KB, **OLD_KB, "kg.spo": b"\xef\xbb\xbf\n\n \t \n"},
+        ["kbo"],
+    ),
+    # scripts/kbert_score.py: a prediction that is none of the task's labels is not counted as a wrong answer
+    Case(
+        "kbert-score-label-not-in-labels-txt",
+        ["scripts/kbert_score.py", "--data", "{t}/data", "--pred", "{t}/pred", "--json-out", "{t}/scores.json"],
+        "{t}/pred:2: label '2' is not among the labels of {t}/data/labels.txt (0, 1)",
+        {"data/valid.tsv": "label\ttext_a\n0\t很好\n1\t不好\n", "data/labels.txt": "0\n1\n", "pred": "0\n2\n",
+         **OLD_SCORES},  # fmt: skip
+        ["scores.json"],
+    ),
+    Case(
+        "kbert-score-tag-not-in-labels-txt",
+        ["scripts/kbert_score.py", "--data", "{t}/data", "--pred", "{t}/pred", "--tagging"],
+        "{t}/pred:1: tag 'B-Y' is not among the tags of {t}/data/labels.txt (B-X, I-X, O)",
+        {"data/valid.tsv": "text_a\tlabel\n今 天\tB-X I-X\n", "data/labels.txt": "B-X\nI-X\nO\n", "pred": "B-Y O\n"},
     ),
     # prep.retrieval
     Case(
@@ -707,6 +752,16 @@ CASES = [
         checkpoints(b""),
     ),
     Case("average-missing-folder", AVERAGE, "{t}/ck: no such folder", OLD_AVG, ["avg.pt"]),
+    Case(
+        "average-update-interval-checkpoints-too-few",
+        AVERAGE,
+        "{t}/ck: 2 checkpoints with distinct update counts needed, found 1: checkpoint_1_100.pt (100 updates)",
+        OLD_AVG,
+        ["avg.pt"],
+        lambda t: os.makedirs(f"{t}/ck") or torch.save(
+            {"model": {"w": torch.ones(2)}, "optimizer_history": [{"num_updates": 100}]}, f"{t}/ck/checkpoint_1_100.pt"
+        ),
+    ),
     # fairseq's own commands read checkpoints through checkpoint_compat's checks
     Case(
         "fairseq-generate-truncated-checkpoint",

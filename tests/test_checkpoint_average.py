@@ -39,7 +39,7 @@ def test_the_newest_distinct_checkpoints_are_averaged_and_best_is_ignored(tmp_pa
     save(tmp_path / "checkpoint3.pt", 30, 4)
     save(tmp_path / "checkpoint_last.pt", 35, 8)  # stopped in the middle of epoch 4
     save(tmp_path / "checkpoint_best.pt", 40, 100)  # never a candidate, whatever its count
-    save(tmp_path / "checkpoint_3_30.pt", 30, 50)  # an update-interval checkpoint: not a candidate either
+    save(tmp_path / "checkpoint_3_30.pt", 30, 4)  # an update-interval checkpoint of epoch 3's count: counts once
     out = tmp_path / "avg.pt"
     used = average_checkpoints(str(tmp_path), 3, str(out))
     assert [p.split("/")[-1] for p in used] == ["checkpoint_last.pt", "checkpoint3.pt", "checkpoint2.pt"]
@@ -86,3 +86,22 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
     (tmp_path / "checkpoint_last.pt").write_bytes(b"half a checkpoint")
     proc = cli("--dir", tmp_path, "--last", 2, "--out", tmp_path / "avg.pt")
     assert proc.returncode == 2 and f"error: {tmp_path / 'checkpoint_last.pt'}: cannot be read" in proc.stderr
+
+
+def test_update_interval_checkpoints_are_candidates(tmp_path):
+    """checkpoint_EPOCH_UPDATES.pt (--save-interval-updates) are averaged like epoch checkpoints, by update count."""
+    save(tmp_path / "checkpoint_1_100.pt", 100, 1)
+    save(tmp_path / "checkpoint_1_200.pt", 200, 2)
+    save(tmp_path / "checkpoint_2_300.pt", 300, 4)
+    out = tmp_path / "avg.pt"
+    used = average_checkpoints(str(tmp_path), 2, str(out))
+    assert [p.split("/")[-1] for p in used] == ["checkpoint_2_300.pt", "checkpoint_1_200.pt"]
+    assert torch.allclose(torch.load(out)["model"]["w"], torch.full((2, 3), 3.0))
+
+
+def test_a_folder_without_checkpoints_is_named(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("no checkpoints here\n")
+    proc = cli("--dir", tmp_path / "run", "--last", 2, "--out", tmp_path / "avg.pt")
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: {tmp_path / 'run'}: 2 checkpoints with distinct update counts needed, found 0: none" in proc.stderr

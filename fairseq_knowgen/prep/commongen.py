@@ -24,6 +24,10 @@ Files:
   optional: the official test set ships without them);
 - ``eval_splits``: the evaluation splits written; ``text``: the text form.
 
+Every split is read and checked before ``OUT`` is replaced; files of other lengths, an empty
+concept or reference line, or bytes that are not UTF-8 stop with ``error: FILE:LINE: ...`` and
+exit status 2.
+
     python -m fairseq_knowgen.prep.commongen --data ../shared/data/commongen --out OUT [--text raw]
 
 GPT-2 BPE for BART (``examples/commongen/run.sh`` with ``PRETRAINED=DIR``): the text as it is
@@ -39,7 +43,7 @@ import os
 from typing import List, Optional, Tuple
 
 from ..text import moses_tokenize
-from ..textio import cli_entry, output_folder, read_lines, read_parallel
+from ..textio import check_same_length, cli_entry, output_folder, read_lines
 from .common import ensure_dir, write_jsonl, write_lines
 
 
@@ -67,7 +71,7 @@ def prepare(data: str, out: str, dev_name: str = "dev", text: str = "moses") -> 
     # every output into a temporary folder that replaces OUT's own files only once all are written; the files of
     # later stages in OUT (prototypes, EKI sources) are kept
     with output_folder(out, owned=OWNED) as tmp:
-        src, tgt = read_parallel(*split_paths(data, "train"), what="CommonGen train")
+        src, tgt = read_split(*split_paths(data, "train"), what="CommonGen train")
         write_lines(f"{tmp}/train.src", (normalize_concepts(s, text) for s in src))
         write_lines(f"{tmp}/train.tgt", (normalize_sentence(t, text) for t in tgt))
         splits = ["valid"]
@@ -91,6 +95,15 @@ def split_paths(data: str, name: str) -> Tuple[str, str]:
     return os.path.join(data, f"commongen.{name}.src_alpha.txt"), os.path.join(data, f"commongen.{name}.tgt.txt")
 
 
+def read_split(src_path: str, tgt_path: str, what: str) -> Tuple[List[str], List[str]]:
+    """The line-aligned concepts and references of a split; an empty line in either (an empty
+    source in training, an extra empty concept set in dev) raises :class:`DataError` naming it."""
+    src = read_lines(src_path, what, allow_empty_lines=False)
+    tgt = read_lines(tgt_path, what, allow_empty_lines=False)
+    check_same_length([src_path, tgt_path], [src, tgt])
+    return src, tgt
+
+
 def normalize_concepts(line: str, text: str = "moses") -> str:
     """The concepts one space apart; lower-cased for ``moses``, as given for ``raw``."""
     return " ".join((line.lower() if text == "moses" else line).split())
@@ -108,7 +121,7 @@ def write_eval_split(out: str, split: str, src_path: str, tgt_path: Optional[str
         src = read_lines(src_path, f"CommonGen {split} concepts", allow_empty_lines=False)
         tgt = [""] * len(src)
     else:
-        src, tgt = read_parallel(src_path, tgt_path, what=f"CommonGen {split}")
+        src, tgt = read_split(src_path, tgt_path, what=f"CommonGen {split}")
     groups = group_consecutive([normalize_concepts(s, text) for s in src], tgt)
     write_lines(f"{out}/{split}.src", (g[0] for g in groups))
     write_lines(f"{out}/{split}.tgt", (normalize_sentence(g[1][0], text) for g in groups))

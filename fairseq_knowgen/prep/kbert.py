@@ -22,9 +22,9 @@ characters and BIO tags) and writes into ``OUT``:
 KG of ``kbert_transformer`` on WebNLG instead (the training triples, each subject -> its facts).
 
 Every input is read and checked before anything is written; bad input (missing file, KG line
-without three fields, TSV row with a wrong column count, tokens and tags of different lengths, a
-dev or test label or tag that ``train.tsv`` never has) stops with ``error: file:line: ...`` and
-exit status 2.
+without three fields, a KG without any triple, TSV row with a wrong column count, tokens and tags
+of different lengths, a dev or test label or tag that ``train.tsv`` never has) stops with
+``error: file:line: ...`` and exit status 2.
 """
 
 import argparse
@@ -82,6 +82,8 @@ def prepare(data: str, kg: str, out: str, tagging: bool, control_seed: int = 1, 
         splits["test"] = "test.tsv"
     examples = {s: read_tsv(os.path.join(data, f), tagging) for s, f in splits.items()}  # checks first
     triples = read_triples(kg) if kg else []
+    if kg and not triples:  # blank lines (and a byte-order mark) only: as empty as a 0-byte file
+        raise DataError(kg, 0, "no triples, only blank lines: expected subject<TAB>predicate<TAB>object lines")
     if srcdict:
         if not os.path.isfile(srcdict):
             raise DataError(srcdict, 0, "dictionary not found")

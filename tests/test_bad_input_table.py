@@ -52,6 +52,9 @@ class Case:
     keep: List[str] = field(default_factory=list)  # earlier outputs that must stay byte-identical
     setup: Optional[Callable] = None  # more set-up: setup(folder)
     code: int = 2
+    error: str = ""  # must occur in an earlier stderr line (fairseq-interactive: the bad line's own error)
+    decoded: List[str] = field(default_factory=list)  # must occur in stdout (the other lines were decoded)
+    env: Dict[str, str] = field(default_factory=dict)  # a recipe's settings (STAGE=4 ...)
 
 
 def xml(*entries, category="Airport"):
@@ -290,6 +293,46 @@ OLD_CONVERTED = {"out/model.pt": b"an earlier conversion", "out/dict.txt": "a 1\
 OLD_LM = {"out/checkpoint.pt": b"an earlier conversion", "out/dict.txt": "a 1\n", "out/notes.txt": "mine\n"}
 HF_BERT, HF_BART, HF_GPT2 = (["convert." + c, "{t}/hf", "{t}/out"] for c in ("hf_bert", "hf_bart", "hf_gpt2"))
 NOT_JSON = "not valid JSON"
+
+# fairseq-interactive with EKI: an untrained tiny model (random weights) is enough to decode
+EKI_WORDS = "dog cat horse runs sits park the a".split()
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_eki() -> str:
+    """A folder with data/dict.{src,tgt}.txt (EKI_WORDS and <sep>) and checkpoint.pt, a random tiny EKI model."""
+    from checkpoint_helpers import save_checkpoint
+    from conftest import TINY_MODEL
+    from fairseq import options, tasks
+
+    folder = models_dir() / "eki"
+    (folder / "data").mkdir(parents=True)
+    for side in ("src", "tgt"):
+        (folder / "data" / f"dict.{side}.txt").write_text("".join(f"{w} 1\n" for w in EKI_WORDS + ["<sep>"]))
+    argv = [str(folder / "data"), "--task", "eki_generation", "--arch", "eki_transformer", "--cpu", "-s", "src",
+            "-t", "tgt", *TINY_MODEL, "--eki-scaling-dim", "8"]  # fmt: skip
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    torch.manual_seed(0)
+    save_checkpoint(tasks.setup_task(args).build_model(args), args, folder / "checkpoint.pt")
+    return str(folder)
+
+
+def eki_input(*lines: Union[str, bytes]):
+    """setup: {t}/eki (the tiny EKI model, linked) and {t}/in.txt, the input lines."""
+
+    def setup(t):
+        os.symlink(tiny_eki(), f"{t}/eki")
+        with open(f"{t}/in.txt", "wb") as f:
+            f.writelines((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines)
+
+    return setup
+
+
+INTERACTIVE = ["fairseq-interactive", "{t}/eki/data", "--path", "{t}/eki/checkpoint.pt", "--user-dir", "fairseq_knowgen",
+               "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu", "--beam", "2", "--max-len-a", "0",
+               "--max-len-b", "4", "--input", "{t}/in.txt"]  # fmt: skip
+GOOD_EKI = "dog cat <sep> the dog sits"
+REFUSED_ONE = "{t}/in.txt: 1 of 3 line(s) refused (each named above); the others were decoded"
 
 CASES = [
     # prep.commongen: every split read and checked before raw/ is replaced; a later stage's files kept
@@ -972,6 +1015,62 @@ CASES = [
         ["task"],
         fairseq_checkpoint(evil=True),
     ),
+    # fairseq-interactive with EKI: one error per bad line, the other lines decoded, exit status 2 at the end
+    Case(
+        "interactive-eki-line-too-long",
+        INTERACTIVE,
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, "dog <sep> " + " ".join(["the dog runs"] * 3000), GOOD_EKI),
+        error="{t}/in.txt:2: 9003 tokens, more than the model's 1024 positions: left out",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "interactive-eki-two-separators",
+        INTERACTIVE,
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, "dog cat <sep> the dog <sep> a cat", GOOD_EKI),
+        error="{t}/in.txt:2: 2 '<sep>' in the line: expected 'concepts <sep> prototype', one '<sep>'",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "interactive-eki-separator-alone",
+        INTERACTIVE,
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, "<sep>", GOOD_EKI),
+        error="{t}/in.txt:2: no concepts before '<sep>'",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "interactive-eki-not-utf8",
+        INTERACTIVE,
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, b"dog \xff cat <sep> the dog", GOOD_EKI),
+        error="{t}/in.txt:2: not valid UTF-8 (invalid start byte)",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "interactive-eki-empty-line",
+        INTERACTIVE,
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, "  ", GOOD_EKI),
+        error="{t}/in.txt:2: empty line",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "interactive-eki-longer-than-max-tokens",
+        INTERACTIVE + ["--max-tokens", "20", "--buffer-size", "3"],
+        REFUSED_ONE,
+        setup=eki_input(GOOD_EKI, "dog <sep> " + " ".join(["the dog runs"] * 10), GOOD_EKI),
+        error="{t}/in.txt:2: 33 tokens, more than --max-tokens 20: left out",
+        decoded=["H-0\t", "H-2\t"],
+    ),
+    Case(
+        "fairseq-generate-eki-without-a-test-split",
+        ["fairseq-generate", "{t}/eki/data", "--path", "{t}/eki/checkpoint.pt", "--user-dir", "fairseq_knowgen",
+         "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu"],  # fmt: skip
+        "{t}/eki/data: no 'test' split (binarized: none); fairseq-generate decodes --gen-subset, test unless given",
+        setup=eki_input(),
+    ),
     # demo_data
     Case(
         "demo-data-file-in-place-of-out",
@@ -1005,9 +1104,19 @@ def _snapshot(folder: str, rels: List[str]) -> Dict[str, bytes]:
     return out
 
 
-def _run(argv: List[str]):
-    """(exit status, stdout, stderr) of one command line."""
+def _run(argv: List[str], env: Optional[Dict[str, str]] = None):
+    """(exit status, stdout, stderr) of one command line (a recipe with the settings ``env``)."""
     tool, args = argv[0], argv[1:]
+    if tool.endswith(".sh"):
+        import subprocess
+
+        from conftest import ROOT
+
+        proc = subprocess.run(["bash", tool, *args], cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        return proc.returncode, proc.stdout, proc.stderr
+    if tool == "fairseq-interactive":  # in this process: seconds of imports saved per row
+        return _run_fairseq_cli("interactive", args)
     if tool.startswith("fairseq-") or tool.startswith("scripts/") and not tool.endswith("evaluate.py"):
         proc = run_cli(tool, *args, check=False)
         return proc.returncode, proc.stdout, proc.stderr
@@ -1028,6 +1137,34 @@ def _run(argv: List[str]):
     return code, out.getvalue(), err.getvalue()
 
 
+def _run_fairseq_cli(name: str, args: List[str]):
+    """(exit status, stdout, stderr) of ``fairseq_cli.NAME.cli_main`` run in this process with ``args``."""
+    import logging
+    import sys
+
+    module = importlib.import_module(f"fairseq_cli.{name}")
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)  # fairseq logs through the root logger's handler, made at import
+    saved, code = sys.argv, 0
+    sys.argv = [f"fairseq-{name}", *args]
+    logging.getLogger().addHandler(handler)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                module.cli_main()
+            except SystemExit as e:
+                code = e.code
+            except Exception:  # a traceback: the case fails below
+                import traceback
+
+                traceback.print_exc(file=err)
+                code = "traceback"
+    finally:
+        sys.argv = saved
+        logging.getLogger().removeHandler(handler)
+    return code or 0, out.getvalue(), err.getvalue()
+
+
 def test_the_table_is_large_enough():
     assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
 
@@ -1039,13 +1176,15 @@ def test_bad_input(case, tmp_path):
     if case.setup:
         case.setup(t)
     before = _snapshot(t, case.keep)
-    code, out, err = _run([a.replace("{t}", t) for a in case.argv])
+    code, out, err = _run([a.replace("{t}", t) for a in case.argv], case.env)
     assert "Traceback" not in out + err, err
     assert code == case.code, (code, err[-2000:])
     lines = err.strip().splitlines()
     assert lines and lines[-1].startswith("error: "), err
     where = case.where(t) if callable(case.where) else case.where.replace("{t}", t)
     assert where in lines[-1], lines[-1]
+    assert case.error.replace("{t}", t) in "\n".join(lines[:-1]), err
+    assert all(x in out for x in case.decoded), out
     assert _snapshot(t, case.keep) == before
     left = [os.path.join(d, n) for d, dirs, names in os.walk(t) for n in dirs + names if n.startswith(".tmp-")]
     assert not left

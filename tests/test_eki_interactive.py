@@ -184,10 +184,12 @@ def test_interactive_skips_a_concept_sets_own_references(eki_raw_model, tmp_path
 
 
 def test_concept_line_without_corpus_is_a_clear_error(eki_raw_model, tmp_path, monkeypatch):
+    """The line is refused by name, the line before it decoded, and the run ends with exit status 2."""
     lines = [full_source(*eki_raw_model["valid"][0][:2]), "dog cat running"]
-    code, _, err = interactive(eki_raw_model, lines, tmp_path, monkeypatch)
+    code, out, err = interactive(eki_raw_model, lines, tmp_path, monkeypatch)
     assert code == 2
-    assert "error: input:2: no '<sep>'" in err and "--eki-prototype-corpus" in err
+    assert f"error: {tmp_path / 'input.txt'}:2: no '<sep>'" in err and "--eki-prototype-corpus" in err
+    assert sorted(lines_of(out, "H")) == [0]
 
 
 def test_annotate_batch_equals_the_collater():

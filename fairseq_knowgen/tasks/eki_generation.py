@@ -36,12 +36,23 @@ so that BPE never splits the separator. fairseq-interactive then keeps only ``sr
 and ``src_lengths`` of each batch; :meth:`EKIGenerationTask.inference_step` recomputes
 ``src_group`` and ``src_distance`` from the tokens with the same annotator as the training
 data.
+
+A bad input line (not UTF-8, empty, no concepts before ``<sep>``, more than one ``<sep>``, no
+``<sep>`` without ``--eki-prototype-corpus``, more tokens than the model's positions or
+``--max-tokens``) gets one ``error: INPUT:LINE: ...`` on stderr and is left out; decoding goes on
+with the next line, and the run ends with exit status 2 once the input ends
+(:mod:`fairseq_knowgen.interactive_input`). fairseq itself stops at a long line unless
+``--skip-invalid-size-inputs-valid-test``; here that flag's skipping is the default.
 """
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import numpy as np
+import torch
+from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 
@@ -56,6 +67,7 @@ from ..data.eki_dataset import (
     data_settings,
     encode_source,
 )
+from .. import interactive_input
 from ..textio import DataError, read_lines, read_parallel
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
@@ -107,6 +119,18 @@ class EKIGenerationConfig(TranslationConstrainedConfig):
     )
 
 
+def missing_split(cfg, split: str) -> str:
+    """``DATA: no SPLIT split ...``: what the binarized data folder holds, and the flag that names a split."""
+    data = utils.split_paths(cfg.data)[0]
+    found = sorted(
+        {n.split(".")[0] for n in os.listdir(data) if n.endswith(".idx")} if os.path.isdir(data) else set()
+    )
+    return (
+        f"{data}: no '{split}' split (binarized: {', '.join(found) or 'none'}); fairseq-generate decodes "
+        f"--gen-subset, test unless given: name one of these, e.g. --gen-subset {found[-1] if found else 'valid'}"
+    )
+
+
 @register_task("eki_generation", dataclass=EKIGenerationConfig)
 class EKIGenerationTask(TranslationConstrainedTask):
     def __init__(self, cfg, src_dict, tgt_dict):
@@ -115,6 +139,14 @@ class EKIGenerationTask(TranslationConstrainedTask):
         self._retriever = None
         self._corpus: List[str] = []
         self._input_lines_seen = 0
+        self._inference_dataset = None  # fairseq-interactive's current buffer
+        self._inference_max_tokens = None
+        self._refused_lines = {}
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        interactive_input.use_for_interactive()  # one error per bad input line, then the next line
+        return super().setup_task(cfg, **kwargs)
 
     def annotator(self, model=None) -> SourceAnnotator:
         """The annotator of raw batches: with the settings ``model`` was trained with (its args;
@@ -138,7 +170,13 @@ class EKIGenerationTask(TranslationConstrainedTask):
     def load_dataset(self, split, epoch=1, combine=False, task_cfg=None, **kwargs):
         """fairseq's split, wrapped in :class:`EKIDataset`; ``fairseq-generate`` passes the
         checkpoint's task config (``task_cfg``), whose data settings the model was trained with."""
-        super().load_dataset(split, epoch, combine, **kwargs)
+        try:
+            super().load_dataset(split, epoch, combine, **kwargs)
+        except FileNotFoundError as e:  # fairseq's "Dataset not found: test (DATA)"
+            if not str(e).startswith("Dataset not found"):
+                raise
+            print(f"error: {missing_split(self.cfg, split)}", file=sys.stderr)
+            sys.exit(2)
         s = data_settings(task_cfg, legacy=True) if task_cfg is not None else data_settings(self.cfg)
         ds = EKIDataset(
             self.datasets[split],
@@ -161,10 +199,11 @@ class EKIGenerationTask(TranslationConstrainedTask):
         :meth:`inference_step` puts into the model's input layout."""
         base = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
         s = data_settings(self.cfg)
-        return EKIDataset(
+        self._inference_dataset = EKIDataset(
             base, self.src_dict, "<inference>", self.cfg.eki_gpt2_encoder_json, layout="sep",
             center_match=s["eki_center_match"], label_unit=s["eki_label_unit"],
         )
+        return self._inference_dataset
 
     def build_bpe(self, args):
         """The ``--bpe`` of fairseq-generate/-interactive, decoding each side of ``<sep>`` apart."""
@@ -194,38 +233,87 @@ class EKIGenerationTask(TranslationConstrainedTask):
 
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         """fairseq-interactive's raw lines -> token ids: retrieve missing prototypes, then
-        tokenize/BPE each side of ``<sep>`` on its own. Bad input ends the run with
-        ``error: input:LINE: ...`` and exit status 2."""
-        try:
-            lines = self.complete_input_lines(lines)
-        except DataError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        tokens = [
-            self.source_dictionary.encode_line(encode_source(line, encode_fn), add_if_not_exist=False).long()
-            for line in lines
-        ]
-        return tokens, [t.numel() for t in tokens]
-
-    def complete_input_lines(self, lines: List[str]) -> List[str]:
-        """``concepts <sep> prototype`` lines: lines without ``<sep>`` are concept sets whose
-        prototype comes from ``--eki-prototype-corpus``."""
+        tokenize/BPE each side of ``<sep>`` on its own. A bad line (:meth:`input_line_problem`, or
+        not UTF-8) gets a placeholder row that :meth:`filter_indices_by_size` leaves out, naming the
+        line (:mod:`fairseq_knowgen.interactive_input`); the other lines are decoded."""
         first = self._input_lines_seen + 1
         self._input_lines_seen += len(lines)
-        queries = {}
-        for n, line in enumerate(lines):
-            if SEPARATOR in line.split():
-                continue
-            if not line.split():
-                raise DataError("input", first + n, "empty line: expected concepts (and '<sep> prototype')")
-            if self.cfg.eki_prototype_corpus is None:
-                raise DataError(
-                    "input",
-                    first + n,
-                    f"no '{SEPARATOR}': give 'concepts {SEPARATOR} prototype', or --eki-prototype-corpus FILE to "
-                    "retrieve the prototype of a line of concepts",
-                )
-            queries[n] = " ".join(line.split())
+        source = interactive_input.current()
+        self._refused_lines = {}  # index in this buffer -> (line number, what is wrong)
+        for i, line in enumerate(lines):
+            problem = source.problem(first + i, line) or self.input_line_problem(line)
+            if problem:
+                self._refused_lines[i] = (first + i, problem)
+        kept = [i for i in range(len(lines)) if i not in self._refused_lines]
+        try:
+            completed = self.complete_input_lines([lines[i] for i in kept])
+        except DataError as e:  # the prototype corpus itself
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        eos = torch.tensor([self.source_dictionary.eos()])
+        tokens = [eos] * len(lines)  # a refused line's placeholder, never batched
+        for i, line in zip(kept, completed):
+            tokens[i] = self.source_dictionary.encode_line(encode_source(line, encode_fn), add_if_not_exist=False).long()
+        return tokens, [t.numel() for t in tokens]
+
+    def input_line_problem(self, line: str) -> Optional[str]:
+        """What is wrong with an input line of fairseq-interactive (``concepts <sep> prototype``,
+        or with ``--eki-prototype-corpus`` the concepts alone), or None."""
+        words = line.split()
+        if not words:
+            return f"empty line: expected 'concepts {SEPARATOR} prototype'"
+        seps = words.count(SEPARATOR)
+        if seps > 1:
+            return f"{seps} '{SEPARATOR}' in the line: expected 'concepts {SEPARATOR} prototype', one '{SEPARATOR}'"
+        if seps == 1 and words[0] == SEPARATOR:
+            return f"no concepts before '{SEPARATOR}': expected 'concepts {SEPARATOR} prototype'"
+        if seps == 0 and self.cfg.eki_prototype_corpus is None:
+            return (
+                f"no '{SEPARATOR}': give 'concepts {SEPARATOR} prototype', or --eki-prototype-corpus FILE to "
+                "retrieve the prototype of a line of concepts"
+            )
+        return None
+
+    def get_batch_iterator(self, dataset, max_tokens=None, *args, **kwargs):
+        if dataset is self._inference_dataset:  # filter_indices_by_size names lines longer than a batch may hold
+            self._inference_max_tokens = max_tokens
+        return super().get_batch_iterator(dataset, max_tokens, *args, **kwargs)
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        """fairseq-interactive's lines: the refused ones (:meth:`get_interactive_tokens_and_lengths`) and
+        those longer than the model's positions or ``--max-tokens`` are left out, each named by one error
+        (fairseq's ``--skip-invalid-size-inputs-valid-test`` leaves the long ones out too, with one
+        warning that names no line); other datasets as fairseq filters them."""
+        if dataset is not self._inference_dataset:
+            return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+        refused = dict(self._refused_lines)
+        first = self._input_lines_seen - len(dataset) + 1
+
+        def source_size(i):
+            return int(dataset.size(i)[0])
+
+        indices = np.array([i for i in indices if i not in refused], dtype=np.int64)
+        if max_positions is not None:
+            indices, too_long = dataset.filter_indices_by_size(indices, max_positions)
+            limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+            for i in too_long:
+                refused[i] = (first + i, f"{source_size(i)} tokens, more than the model's {limit} positions: "
+                                         "left out (shorten the line)")  # fmt: skip
+        max_tokens = self._inference_max_tokens
+        if max_tokens is not None:
+            for i in indices:
+                if source_size(i) > max_tokens:
+                    refused[i] = (first + i, f"{source_size(i)} tokens, more than --max-tokens {max_tokens}: "
+                                             "left out (shorten the line or raise --max-tokens)")  # fmt: skip
+            indices = np.array([i for i in indices if i not in refused], dtype=np.int64)
+        for i in sorted(refused):
+            interactive_input.current().refuse(*refused[i])
+        return indices
+
+    def complete_input_lines(self, lines: List[str]) -> List[str]:
+        """``concepts <sep> prototype`` lines (checked by :meth:`input_line_problem`): lines without
+        ``<sep>`` are concept sets whose prototype comes from ``--eki-prototype-corpus``."""
+        queries = {n: " ".join(line.split()) for n, line in enumerate(lines) if SEPARATOR not in line.split()}
         if not queries:
             return list(lines)
         found = self.prototype_retriever().retrieve(list(queries.values()))

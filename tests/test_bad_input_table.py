@@ -334,6 +334,15 @@ INTERACTIVE = ["fairseq-interactive", "{t}/eki/data", "--path", "{t}/eki/checkpo
 GOOD_EKI = "dog cat <sep> the dog sits"
 REFUSED_ONE = "{t}/in.txt: 1 of 3 line(s) refused (each named above); the others were decoded"
 
+# the recipes: a stage whose input an earlier stage did not finish (killed: its outputs are renamed into place only
+# when complete) names that stage and the command that reruns from it
+RAW_CG = {f"out/raw/{s}.{x}": "dog run\n" for s in ("train", "valid") for x in ("src", "tgt", "eki.src")}
+RAW_CG.update({"out/raw/eval_splits": "valid\n", "out/raw/text": "moses\n"})
+BPE_CG_KILLED = {f"out/bpe/train.{x}": "dog run\n" for x in ("src", "tgt", "eki.src")}  # stage 3 killed after train
+OLD_BIN = {"out/bin/dict.src.txt": "an earlier dictionary 1\n"}
+COMMONGEN_RECIPE = ["examples/commongen/run.sh", "{t}/data", "{t}/out"]
+RERUN = "rerun from stage {n} with the same settings: STAGE={n} bash "
+
 CASES = [
     # prep.commongen: every split read and checked before raw/ is replaced; a later stage's files kept
     Case(
@@ -1070,6 +1079,59 @@ CASES = [
          "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu"],  # fmt: skip
         "{t}/eki/data: no 'test' split (binarized: none); fairseq-generate decodes --gen-subset, test unless given",
         setup=eki_input(),
+    ),
+    # the recipes' stages
+    Case(
+        "recipe-commongen-stage-4-after-a-killed-stage-3",
+        COMMONGEN_RECIPE,
+        "{t}/out/bpe/valid.src is missing: stage 3 (BPE) writes it and did not finish (killed, failed or not run); "
+        + RERUN.format(n=3),
+        {**RAW_CG, **BPE_CG_KILLED, **OLD_BIN},
+        ["out/bin", "out/bpe"],
+        env={"STAGE": "4", "STOP_STAGE": "4"},
+    ),
+    Case(
+        "recipe-commongen-stage-5-eki-ood-without-out-of-domain-prototypes",
+        COMMONGEN_RECIPE,
+        "{t}/out/raw/train.eki-ood.src is missing: stage 2 (retrieve prototypes; out-of-domain ones only from "
+        "CORPUS_OOD=",
+        RAW_CG,
+        env={"STAGE": "5", "STOP_STAGE": "5", "INPUT": "eki-ood"},
+    ),
+    Case(
+        "recipe-commongen-stage-5-before-stage-4",
+        COMMONGEN_RECIPE,
+        "{t}/out/bin-eki/dict.src.txt is missing: stage 4 (binarize) writes it",
+        RAW_CG,
+        env={"STAGE": "5", "STOP_STAGE": "5", "INPUT": "eki"},
+    ),
+    Case(
+        "recipe-commongen-stage-7-before-stage-6",
+        COMMONGEN_RECIPE,
+        "{t}/out/runs/transformer/valid.out is missing: stage 6 (fairseq-generate) writes it",
+        {**RAW_CG, "out/raw/valid.refs.jsonl": '["a dog runs"]\n'},
+        env={"STAGE": "7", "STOP_STAGE": "7"},
+    ),
+    Case(
+        "recipe-webnlg-stage-3-after-a-killed-stage-2",
+        ["examples/webnlg/run.sh", "{t}/data", "{t}/out"],
+        "{t}/out/bpe/valid.src is missing: stage 2 (encode) writes it",
+        {"out/raw/eval_splits": "valid\n", "out/bpe/train.src": "a\n", "out/bpe/train.tgt": "a\n",
+         "out/bpe/dict.txt": "a 1\n"},  # fmt: skip
+        env={"STAGE": "3", "STOP_STAGE": "3", "HELDOUT": ""},
+    ),
+    Case(
+        "recipe-kbert-stage-4-before-stage-3",
+        ["examples/kbert/run.sh", "book_review", "{t}/data", "{t}/out"],
+        "{t}/out/runs/kbert/checkpoints/checkpoint_best.pt is missing: stage 3 (fine-tune) writes it",
+        {"out/data/eval_splits": "valid\n"},
+        env={"STAGE": "4", "STOP_STAGE": "4"},
+    ),
+    Case(
+        "recipe-cocon-stage-3-before-stage-2",
+        ["examples/cocon/run.sh", "{t}/data", "{t}/out"],
+        "{t}/out/bin/lm/dict.txt is missing: stage 2 (BPE and binarize) writes it",
+        env={"STAGE": "3", "STOP_STAGE": "3"},
     ),
     # demo_data
     Case(

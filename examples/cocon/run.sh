@@ -132,7 +132,15 @@ if stage 1; then
   $PY -m fairseq_knowgen.prep.cocon corpus --wikitext "$DATA/wikitext-2/valid.txt" --commongen "$DATA/commongen" \
     --webnlg "$DATA/webnlg" --heldout "$HELDOUT" --valid "$VALID" --out "$OUT/raw"
 fi
+# need_bin KIND: the binarized data OUT/bin/KIND of stage 2 (lm, judge, sent: fairseq-preprocess writes valid.idx
+# last; gen: dict.txt is copied in last)
+need_bin() {
+  if [ "$1" = gen ]; then needs 2 "BPE and binarize" "$OUT/bin/gen/dict.txt"
+  else needs 2 "BPE and binarize" "$OUT/bin/$1/dict.txt" "$OUT/bin/$1/valid.idx"; fi
+}
 if stage 2; then
+  # shellcheck disable=SC2086
+  needs 1 prepare $(for f in $FILES; do echo "$OUT/raw/$f"; done)
   mkdir -p "$OUT/bpe" "$OUT/bin"
   if [ -z "$LM_PATH" ]; then
     echo "== stage 2: BPE ($BPE_OPS merges) -> $OUT/bpe; binarize -> $OUT/bin/{lm,judge,gen}"
@@ -170,17 +178,21 @@ if stage 3; then
   if [ -n "$LM_PATH" ]; then
     echo "== stage 3: LM_PATH=$LM_PATH given: no LM trained"
   else
+    need_bin lm
     echo "== stage 3: train the base LM ($LM_LAYERS layers x $LM_DIM, $LM_MINUTES min) -> $OUT/runs/lm"
     train_lm "$OUT/runs/lm" "$OUT/bin/lm" 1 "$LM_MINUTES"
   fi
 fi
 if stage 4; then
+  need_bin judge
   echo "== stage 4: train the judge LM (seed $JUDGE_SEED, another data order, $JUDGE_MINUTES min) -> $OUT/runs/judge"
   train_lm "$OUT/runs/judge" "$OUT/bin/judge" "$JUDGE_SEED" "$JUDGE_MINUTES"
 fi
 if stage 5; then
   layer=(); [ -z "$COCON_LAYER" ] || layer=(--cocon-layer "$COCON_LAYER")
   data=$OUT/bin/lm; [ "$SAMPLE_MODE" != lines ] || data=$OUT/bin/sent
+  need_bin "$(basename "$data")"
+  [ -n "$LM_PATH" ] || needs 3 "train the base LM" "$LM"
   if [ -n "$LM_PATH" ]; then  # the authors': AdamW (no weight decay), linear decay from COCON_LR, clip 1.0
     optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler polynomial_decay
       --total-num-update "$COCON_MAX_UPDATE" --warmup-updates "$COCON_WARMUP")
@@ -199,6 +211,8 @@ if stage 5; then
     --log-interval 100 $ARGS $TRAIN_ARGS
 fi
 if stage 6; then
+  need_bin gen
+  needs 5 "train CoCon" "$RUN/checkpoints/checkpoint_best.pt"
   mkdir -p "$RUN/gen"
   # gen SUBSET OUTFILE MAXLEN [flags]: fairseq-generate from CoCon's best checkpoint (BPE kept for the judge), into
   # OUTFILE only when complete
@@ -227,6 +241,8 @@ if stage 6; then
   done
 fi
 if stage 7; then
+  needs 4 "train the judge LM" "$OUT/runs/judge/checkpoints/checkpoint_best.pt"
+  needs 6 "generate" "$RUN/gen"
   echo "== stage 7: score $NAME -> $RUN/scores.json; tables of every run -> $OUT/table.md, plot -> $PLOT"
   gpt2=(); [ "$LM_BPE" != gpt2 ] || gpt2=(--gpt2-bpe "$LM_DIR")  # outputs in GPT-2 BPE ids: decoded
   $PY scripts/cocon_score.py score --gen-dir "$RUN/gen" --inputs "$OUT/bin/gen" --name "$NAME" \

@@ -146,6 +146,25 @@ inputs_to_encode() {
     [ ! -f "$OUT/raw/train.eki-ood.src" ] || echo "$s.eki-ood.src"
   done
 }
+# need_encoded DIR STAGE WHAT: every file stage 3 encodes (inputs_to_encode) is in DIR (raw: written by stages 1 and
+# 2; bpe: by stage 3)
+need_encoded() {
+  local f
+  for f in $(inputs_to_encode); do
+    case $1:$f in raw:*.eki*.src) needs 2 "retrieve prototypes" "$OUT/raw/$f" ;;
+      raw:*) needs 1 prepare "$OUT/raw/$f" ;;
+      *) needs 3 BPE "$OUT/bpe/$f" ;; esac
+  done
+}
+# need_binarized SPLIT...: DATA_BIN holds the dictionary and each SPLIT (stage 4); INPUT=eki-ood needs stage 2's
+# out-of-domain prototypes first, which only a CORPUS_OOD file gives
+need_binarized() {
+  [ "$INPUT" != eki-ood ] || needs 2 "retrieve prototypes; out-of-domain ones only from CORPUS_OOD=$CORPUS_OOD" \
+    "$OUT/raw/train.eki-ood.src"
+  local split
+  needs 4 binarize "$DATA_BIN/dict.src.txt"
+  for split in "$@"; do needs 4 binarize "$DATA_BIN/$split.src-tgt.src.idx" "$DATA_BIN/$split.src-tgt.tgt.idx"; done
+}
 if [ "$CONSTRAINT_FORM" = prototype ]; then  # its own constraint file and outputs: SPLIT.cons-prototype[.DECODE_NAME].out
   CONS=".cons-prototype${CONS#.cons}"
   GEN_ARGS="${GEN_ARGS:-} --constraints-from cons-prototype"  # after stage_generate's --constraints-from cons: wins
@@ -184,6 +203,7 @@ if stage 2; then
   done
 fi
 if stage 3; then
+  need_encoded raw
   # raw/ from before the text forms is Moses text
   made=$(cat "$OUT/raw/text" 2>/dev/null || echo moses)
   [ "$made" = "$TEXT" ] || { echo "$OUT/raw holds $made text, this run needs $TEXT (PRETRAINED: raw):" \
@@ -201,6 +221,7 @@ if stage 3; then
   [ -f "$OUT/raw/train.eki-ood.src" ] || rm -f "$OUT"/bpe/*.eki-ood.src  # none of an earlier run's
 fi
 if stage 4; then
+  need_encoded bpe
   extra=$(extra_splits | xargs)
   echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood (splits: train valid $extra)"
   dict=() dict_eki=()
@@ -225,6 +246,7 @@ if stage 4; then
   [ -n "$PRETRAINED" ] || for d in bin "${eki_bins[@]}"; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
 fi
 if stage 5; then
+  need_binarized train valid
   if [ -n "$PRETRAINED" ]; then
     echo "== stage 5: fine-tune $PRETRAINED/model.pt as $NAME (--arch $ARCH $ARCH_ARGS on $INPUT) -> $RUN"
     stage_finetune "$PRETRAINED/model.pt"
@@ -234,6 +256,12 @@ if stage 5; then
   fi
 fi
 if stage 6; then
+  # shellcheck disable=SC2046
+  need_binarized $(eval_splits)
+  case $CHECKPOINT in best) needs 5 train "$RUN/checkpoints/checkpoint_best.pt" ;;
+    *) needs 5 train "$RUN/checkpoints/checkpoint_last.pt" ;; esac
+  # shellcheck disable=SC2046
+  [ "${CONSTRAINTS:-0}" = 0 ] || needs 4 binarize $(for s in $(eval_splits); do echo "$DATA_BIN/$s.cons"; done)
   if [ "$CONSTRAINT_FORM" = prototype ]; then
     echo "== stage 6: concepts in the form of the prototypes of bpe/SPLIT.$PROTO_BPE -> $DATA_BIN/SPLIT.cons-prototype"
     # shellcheck disable=SC2046
@@ -250,6 +278,7 @@ if stage 7; then
       echo "== stage 7: $split has no references: outputs in $RUN/$split$CONS.out, not scored"
       continue
     fi
+    needs 6 fairseq-generate "$RUN/$split$CONS.out"
     echo "== stage 7: evaluate $split -> $RUN/$split$CONS.scores.json"
     $PY scripts/evaluate.py --hyp "$RUN/$split$CONS.out" --name "$NAME/$split$CONS" \
       --refs "$OUT/raw/$split.refs.jsonl" --src "$OUT/raw/$split.src" --concepts "$OUT/raw/$split.concepts" \

@@ -123,10 +123,11 @@ if stage 1; then
     --validpref "$OUT/mlm/valid.txt" --destdir "$OUT/mlm-bin" --workers 1 > "$OUT/mlm-bin.log" 2>&1 \
     || { echo "fairseq-preprocess failed: see $OUT/mlm-bin.log"; exit 1; }
 fi
-[ "$STOP_STAGE" -lt 2 ] || require_file "$OUT/data/eval_splits" 1
+[ "$STOP_STAGE" -lt 2 ] || needs 1 prepare "$OUT/data/eval_splits"
 if stage 2 && [ "$PRETRAINED" != "$MLM_CHECKPOINT" ]; then
   echo "== stage 2: skipped (PRETRAINED=$PRETRAINED)"
 elif stage 2; then
+  needs 1 prepare "$OUT/mlm-bin/dict.txt" "$OUT/mlm-bin/train.idx" "$OUT/mlm-bin/valid.idx"
   echo "== stage 2: character-level masked LM (roberta, $LAYERS x $DIM, $MLM_UPDATE updates / $MLM_MINUTES min) -> $OUT/mlm"
   # shellcheck disable=SC2086
   train_logged "$OUT/mlm" "$OUT/mlm-bin" --task masked_lm --criterion masked_lm --arch roberta \
@@ -140,6 +141,8 @@ elif stage 2; then
     $TRAIN_ARGS
 fi
 if stage 3; then
+  needs 1 prepare "$OUT/data/train.tsv" "$OUT/data/dict.txt"
+  [ "$PRETRAINED" != "$MLM_CHECKPOINT" ] || needs 2 "masked-LM pretraining" "$MLM_CHECKPOINT"
   init=()
   [ "$PRETRAINED" = none ] || init=(--kbert-pretrained "$PRETRAINED")
   if [ "$EPOCHS" -gt 0 ] && [ -z "$MAX_UPDATE_GIVEN" ]; then  # EPOCHS x ceil(rows / BATCH): every row counts
@@ -159,6 +162,7 @@ if stage 3; then
     --best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric --log-interval 50 $TRAIN_ARGS
 fi
 if stage 4; then
+  needs 3 fine-tune "$RUN/checkpoints/checkpoint_best.pt"
   decodings=(""); [ "$TASK_TYPE" != tagging ] || decodings=("" .viterbi)
   for split in $(cat "$OUT/data/eval_splits"); do
     for d in "${decodings[@]}"; do

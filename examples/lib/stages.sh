@@ -3,7 +3,7 @@
 # TRAIN_ARGS CRITERION CRITERION_ARGS TASK_ARGS DATA_BIN [CONSTRAINTS] [BPE_DECODE_ARGS: how fairseq-generate undoes the
 # BPE, default --remove-bpe (subword-nmt); e.g. "--bpe gpt2 --gpt2-encoder-json ..."], and calls the functions below in its
 # numbered stages. Recipes of another shape (examples/kbert, examples/cocon) use only PY BIN DEVICE_ARGS stage hours
-# require_file train_logged.
+# needs require_file train_logged.
 # Outputs of constrained decoding (CONSTRAINTS=1) carry the suffix .cons: runs/NAME/SPLIT.cons.out and its scores;
 # DECODE_ARGS (more fairseq-generate flags, e.g. a decoding rule) need a DECODE_NAME, added to the suffix
 # (runs/NAME/SPLIT[.cons].DECODE_NAME.out), so that they never overwrite the plain outputs.
@@ -41,12 +41,22 @@ extra_splits() { grep -vx valid "$OUT/raw/eval_splits" || true; }
 # stage N: whether stage N is between STAGE and STOP_STAGE; hours MINUTES: MINUTES in hours (--stop-time-hours)
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 hours() { $PY -c "print($1 / 60)"; }
-# require_file PATH N: stop (exit 2) when a later stage runs before stage N wrote PATH
-require_file() {
-  [ -f "$1" ] || { echo "$1 is missing: run stage $2 first (STAGE=$2)"; exit 2; }
+# RECIPE_COMMAND: how this recipe was started (its arguments; the environment, e.g. NAME=..., is the user's to repeat)
+RECIPE_COMMAND="bash $ROOT/examples/$(basename "$(dirname "$0")")/run.sh${*:+$(printf ' %q' "$@")}"
+# needs N WHAT PATH...: stop (exit 2) at the first PATH that is missing, naming stage N (WHAT), which writes it, and
+# the command that reruns the recipe from there. A stage renames each output into place only when it is complete, so
+# a stage that was killed (or never run) leaves its outputs missing, never half-written: the next stage stops here.
+needs() {
+  local n=$1 what=$2 p; shift 2
+  for p in "$@"; do
+    [ -e "$p" ] || { echo "error: $p is missing: stage $n ($what) writes it and did not finish (killed, failed or" \
+      "not run); rerun from stage $n with the same settings: STAGE=$n $RECIPE_COMMAND" >&2; exit 2; }
+  done
 }
+# require_file PATH N: stop (exit 2) when a later stage runs before stage N wrote PATH (needs, for one file)
+require_file() { needs "$2" "${3:-an earlier stage}" "$1"; }
 # require_stage1: stop (exit 2) when a later stage runs before stage 1 wrote raw/eval_splits
-require_stage1() { require_file "$OUT/raw/eval_splits" 1; }
+require_stage1() { needs 1 prepare "$OUT/raw/eval_splits"; }
 
 # into FILE COMMAND...: COMMAND's standard output into FILE through a temporary name beside it (.tmp-PID-NAME),
 # renamed only when COMMAND succeeds; a failed or killed COMMAND leaves FILE as it was (or absent). COMMAND may be

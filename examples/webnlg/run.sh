@@ -104,7 +104,15 @@ if stage 2; then
       --min-count "$MIN_COUNT" --max-positions 200
   fi
 fi
+# need_binarized SPLIT...: DATA_BIN holds the dictionary and each SPLIT (stage 3)
+need_binarized() {
+  local split
+  needs 3 binarize "$DATA_BIN/dict.src.txt"
+  for split in "$@"; do needs 3 binarize "$DATA_BIN/$split.src-tgt.src.idx" "$DATA_BIN/$split.src-tgt.tgt.idx"; done
+}
 if stage 3; then
+  for split in train $(eval_splits); do needs 2 encode "$OUT/bpe/$split.src" "$OUT/bpe/$split.tgt"; done
+  [ "$BPE_OPS" -gt 0 ] || needs 2 encode "$OUT/bpe/dict.txt"
   echo "== stage 3: fairseq-preprocess -> $OUT/bin (splits: train valid $(extra_splits | xargs))"
   if [ "$BPE_OPS" -gt 0 ]; then
     stage_binarize "$DATA_BIN" src
@@ -115,6 +123,7 @@ if stage 3; then
   stage_constraints entities "$DATA_BIN" src $(eval_splits)  # every source entity, as encoded (CONSTRAINTS=1)
 fi
 if stage 4; then
+  need_binarized train valid
   # fairseq's pointer-generator maps the last K dictionary entries (our <unk-N>) to <unk>: K from the dictionary
   if [[ "$ARCH" == transformer_pointer_generator* ]]; then
     ARCH_ARGS="$($PY -m fairseq_knowgen.prep.position_markers "$DATA_BIN") $ARCH_ARGS"
@@ -123,6 +132,10 @@ if stage 4; then
   stage_train
 fi
 if stage 5; then
+  # shellcheck disable=SC2046
+  need_binarized $(eval_splits)
+  case $CHECKPOINT in best) needs 4 train "$RUN/checkpoints/checkpoint_best.pt" ;;
+    *) needs 4 train "$RUN/checkpoints/checkpoint_last.pt" ;; esac
   for split in $(eval_splits); do
     echo "== stage 5: fairseq-generate --beam $BEAM on $split -> $RUN/$split$CONS.out"
     stage_generate "$split" "$RUN/$split$CONS.gen"
@@ -134,6 +147,7 @@ if stage 5; then
 fi
 if stage 6; then
   for split in $(eval_splits); do
+    needs 5 "fairseq-generate" "$RUN/$split$CONS.out"
     echo "== stage 6: evaluate $split -> $RUN/$split$CONS.scores.json"
     # copies are counted against the source with its entities (ENTITIES=1: .src has <ent-K>)
     src=$OUT/raw/$split.src

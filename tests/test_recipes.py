@@ -140,7 +140,7 @@ def test_later_stage_before_stage_1_is_a_clear_error(tmp_path):
         timeout=300,
         env=dict(os.environ, **RECIPE_ENV, STAGE="2"),
     )
-    assert proc.returncode == 2 and "run stage 1 first" in proc.stdout
+    assert proc.returncode == 2 and "raw/eval_splits is missing: stage 1 (prepare) writes it" in proc.stderr
 
 
 def test_webnlg_entity_placeholders_with_constraints_put_every_entity_in_the_output(webnlg_data, tmp_path):

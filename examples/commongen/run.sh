@@ -203,11 +203,11 @@ if stage 2; then
   done
 fi
 if stage 3; then
-  need_encoded raw
   # raw/ from before the text forms is Moses text
   made=$(cat "$OUT/raw/text" 2>/dev/null || echo moses)
   [ "$made" = "$TEXT" ] || { echo "$OUT/raw holds $made text, this run needs $TEXT (PRETRAINED: raw):" \
     "rerun from stage 1 or give another OUT_DIR"; exit 2; }
+  need_encoded raw
   # shellcheck disable=SC2046
   if [ -n "$PRETRAINED" ]; then
     echo "== stage 3: GPT-2 BPE of $PRETRAINED (fairseq's encoder, <sep> kept whole) -> $OUT/bpe"

@@ -259,6 +259,11 @@ def one_of(f: Callable[[], str], name: str) -> Callable[[], bytes]:
     return lambda: open(os.path.join(f(), name), "rb").read()
 
 
+def minilm_config(**changes) -> Callable[[], str]:
+    """all-MiniLM-L6-v2's config.json with ``changes``."""
+    return lambda: json.dumps({**json.load(open(os.path.join(minilm(), "config.json"))), **changes})
+
+
 def fewer_bpe_tokens() -> str:
     """GPT-2's encoder.json without its last 1,000 tokens."""
     encoder = json.load(open(gpt2_bpe()[0], encoding="utf-8"))
@@ -891,6 +896,24 @@ CASES = [
         OLD_CONVERTED,
         ["out"],
         hf_copy(minilm, put={"tokenizer.json": more_wordpiece_tokens}),
+    ),
+    Case(
+        "hf-bert-config-of-other-sizes-than-the-weights",
+        HF_BERT,
+        # each layer's intermediate.dense weight and bias and output.dense weight
+        lambda t: f"{t}/hf: {3 * json.load(open(os.path.join(minilm(), 'config.json')))['num_hidden_layers']} "
+        "tensor(s) of other shapes than config.json's: encoder.layer.0.intermediate.dense.bias",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, put={"config.json": minilm_config(intermediate_size=1000)}),
+    ),
+    Case(
+        "hf-bert-config-with-a-size-that-is-no-number",
+        HF_BERT,
+        "{t}/hf/config.json: not a BERT configuration (",
+        OLD_CONVERTED,
+        ["out"],
+        hf_copy(minilm, put={"config.json": minilm_config(vocab_size="many")}),
     ),
     Case(
         "hf-bert-no-weights",

@@ -21,8 +21,10 @@ Each converter reads and checks all its inputs before it writes anything, and wr
   in the order it picks them (``model.safetensors``, its shards, ``pytorch_model.bin``, its shards),
   before it reads them: ``safetensors`` checks that the tensors its header lists fill the file, torch
   that its zip archive ends with a central directory;
+- :func:`load_config`: ``config.json`` through :func:`read_json`, then ``transformers``' config class;
 - :func:`load_model`: ``from_pretrained`` after :func:`check_weights`, refusing weights that lack a
-  tensor of the model (``transformers`` would start it at random) or hold one of another shape;
+  tensor of the model (``transformers`` would start it at random) or hold one of another shape than
+  ``config.json`` gives;
 - :func:`read_fairseq_checkpoint`: a fairseq checkpoint (weights-only ``torch.load``, as
   :mod:`fairseq_knowgen.checkpoint_compat` allows it).
 """
@@ -110,6 +112,17 @@ def read_config(hf_dir: str, model: str) -> dict:
     return config
 
 
+def load_config(config_class, hf_dir: str, model: str):
+    """``config_class.from_pretrained(hf_dir)`` (local files only) once :func:`read_config` passed; a
+    value ``transformers`` refuses (a size that is not a number...) names ``config.json``."""
+    read_config(hf_dir, model)
+    try:
+        return config_class.from_pretrained(hf_dir, local_files_only=True)
+    except Exception as e:  # the file is there and is JSON: what transformers refuses is its content
+        message = " ".join(str(e).split())
+        raise DataError(os.path.join(hf_dir, "config.json"), 0, f"not a {model} configuration ({message})") from None
+
+
 def weights_files(hf_dir: str) -> List[str]:
     """The weights files ``transformers`` reads from ``hf_dir``: the first of ``model.safetensors``,
     the shards its ``.index.json`` names, ``pytorch_model.bin``, the shards of its index."""
@@ -162,7 +175,10 @@ def load_model(model_class, hf_dir: str, missing_ok: Sequence[str] = (), unexpec
     starting with a prefix of ``missing_ok``), hold one of another shape, or (``unexpected_ok``
     false) hold one the model has no place for."""
     check_weights(hf_dir)
-    model, info = model_class.from_pretrained(hf_dir, local_files_only=True, output_loading_info=True)
+    # weights of other shapes than config.json's are listed in the loading info (refused below), not raised
+    model, info = model_class.from_pretrained(
+        hf_dir, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True
+    )
     missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(tuple(missing_ok)))
     problems = []
     if missing:
@@ -172,11 +188,20 @@ def load_model(model_class, hf_dir: str, missing_ok: Sequence[str] = (), unexpec
     if unexpected and not unexpected_ok:
         problems.append(f"the weights hold {len(unexpected)} tensor(s) the model has no place for: "
                         f"{some_names(unexpected)}")
-    if info.get("mismatched_keys"):
-        problems.append(f"shapes differ from config.json's: {some_names([str(k) for k in info['mismatched_keys']])}")
+    mismatched = sorted(_shapes(k) for k in info.get("mismatched_keys") or [])
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) of other shapes than config.json's: {some_names(mismatched)}")
     if problems:
         raise DataError(hf_dir, 0, "; ".join(problems))
     return model
+
+
+def _shapes(key) -> str:
+    """``name (weights' shape -> config.json's)`` of a ``mismatched_keys`` entry (a name, or name and shapes)."""
+    if isinstance(key, (tuple, list)) and len(key) == 3:
+        name, theirs, ours = key
+        return f"{name} {tuple(theirs)} -> {tuple(ours)}"
+    return str(key)
 
 
 def read_fairseq_checkpoint(path: str) -> dict:

@@ -57,7 +57,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..textio import DataError, cli_entry, output_folder
-from .downloads import check_vocab_size, load_model, read_config, read_json, read_text
+from .downloads import check_vocab_size, load_config, load_model, read_json, read_text
 from .fairseq_legacy import some_names
 from .hf_gpt2 import bpe_files_from_tokenizer_json
 
@@ -235,12 +235,10 @@ def convert(hf_dir: str, out_dir: str) -> str:
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
     from fairseq.models.bart import BARTModel
-
     from transformers import BartConfig
 
     config_path = os.path.join(hf_dir, "config.json")
-    read_config(hf_dir, "BART")
-    hf_cfg = BartConfig.from_pretrained(hf_dir, local_files_only=True)
+    hf_cfg = load_config(BartConfig, hf_dir, "BART")
     final = os.path.abspath(out_dir)
     args = bart_args(hf_cfg, final, config_path)
     vocab, merges, vocab_path = read_tokenizer(hf_dir)

@@ -75,7 +75,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..textio import DataError, cli_entry, output_folder
-from .downloads import check_vocab_size, load_model, read_config, read_json
+from .downloads import check_vocab_size, load_config, load_model, read_json
 from .fairseq_legacy import some_names
 
 # BERT's special tokens -> fairseq's (the dictionary's four, then <mask> appended by the task)
@@ -294,11 +294,10 @@ def convert(hf_dir: str, out_dir: str, allow_vocab_mismatch: bool = False) -> st
     import fairseq_knowgen  # noqa: F401  (registers --task kbert_classification and --arch kbert_base)
 
     config_path = os.path.join(hf_dir, "config.json")
-    read_config(hf_dir, "BERT")
+    hf_cfg = load_config(BertConfig, hf_dir, "BERT")
+    flags = kbert_flags(hf_cfg, config_path)
     tokens, vocab_path = read_vocabulary(hf_dir)
     specials = special_token_names(hf_dir)
-    hf_cfg = BertConfig.from_pretrained(hf_dir, local_files_only=True)
-    flags = kbert_flags(hf_cfg, config_path)
     n_rows = hf_cfg.vocab_size
     mismatch = (
         f"the {n_rows - len(tokens)} rows without a token keep stand-in symbols <bert-id-N>"

@@ -63,7 +63,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..textio import DataError, cli_entry, output_folder
-from .downloads import check_vocab_size, load_model, read_config, read_json, read_text
+from .downloads import check_vocab_size, load_config, load_model, read_json, read_text
 from .fairseq_legacy import some_names
 
 # GPT-2's activation names -> fairseq's (gelu_new: GPT-2's tanh approximation = fairseq's gelu_accurate)
@@ -291,8 +291,7 @@ def convert(hf_dir: str, out_dir: str, allow_vocab_mismatch: bool = False) -> st
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config_path = os.path.join(hf_dir, "config.json")
-    read_config(hf_dir, "GPT-2")
-    hf_cfg = GPT2Config.from_pretrained(hf_dir, local_files_only=True)
+    hf_cfg = load_config(GPT2Config, hf_dir, "GPT-2")
     flags = lm_flags(hf_cfg, config_path)
     V, eos = hf_cfg.vocab_size, hf_cfg.eos_token_id
     bpe = read_bpe_files(hf_dir)

@@ -70,7 +70,11 @@ def buffered_read(input: str, buffer_size: int) -> Iterator[List[str]]:
     docstring); ends the program with exit status 2 after the last buffer when a line was refused."""
     global _current
     run = _current = InputLines("<stdin>" if input == "-" else input)
-    stream = sys.stdin.buffer if input == "-" else open(input, "rb")
+    try:
+        stream = sys.stdin.buffer if input == "-" else open(input, "rb")
+    except OSError as e:
+        print(f"error: {input}: cannot be read ({e.strerror})", file=sys.stderr)
+        sys.exit(2)
     buffer = []
     try:
         for n, raw in enumerate(stream, start=1):

@@ -1097,6 +1097,12 @@ CASES = [
         decoded=["H-0\t", "H-2\t"],
     ),
     Case(
+        "interactive-eki-input-not-found",
+        INTERACTIVE[:-1] + ["{t}/none.txt"],
+        "{t}/none.txt: cannot be read (No such file or directory)",
+        setup=eki_input(GOOD_EKI),
+    ),
+    Case(
         "fairseq-generate-eki-without-a-test-split",
         ["fairseq-generate", "{t}/eki/data", "--path", "{t}/eki/checkpoint.pt", "--user-dir", "fairseq_knowgen",
          "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu"],  # fmt: skip

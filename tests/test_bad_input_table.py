@@ -133,6 +133,7 @@ RETR = {"q.txt": "dog run\ncat sit\n", "c.txt": "a dog runs\na cat sits\n", "k.t
 RETRIEVE = ["prep.retrieval", "--queries", "{t}/q.txt", "--out", "{t}/proto.txt", "--corpus"]
 OLD_PROTO = {"proto.txt": "earlier prototypes\n"}
 
+
 # the converters: small damaged copies of released folders, built once per session
 @functools.lru_cache(maxsize=None)
 def models_dir() -> Path:
@@ -225,8 +226,8 @@ def tiny_gpt2() -> str:
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
-def hf_copy(source: Callable[[], str], cut: Dict[str, int] = None, put: Dict[str, Callable[[], Union[str, bytes]]] = None,
-            drop=()):  # fmt: skip
+def hf_copy(source: Callable[[], str], cut: Optional[Dict[str, int]] = None,
+            put: Optional[Dict[str, Callable[[], Union[str, bytes]]]] = None, drop=()):  # fmt: skip
     """setup: ``{t}/hf``, a copy of the folder ``source()`` (weights linked), with files cut to their first N bytes
     (a negative N: all but the last -N), replaced by ``put[name]()`` or dropped."""
 
@@ -274,7 +275,8 @@ def more_wordpiece_tokens() -> str:
     """all-MiniLM-L6-v2's tokenizer.json with two added tokens beyond its embedding rows."""
     spec = json.load(open(os.path.join(minilm(), "tokenizer.json"), encoding="utf-8"))
     n = len(spec["model"]["vocab"])
-    spec["added_tokens"] = spec.get("added_tokens", []) + [{"id": n, "content": "[X1]"}, {"id": n + 1, "content": "[X2]"}]
+    added = [{"id": n, "content": "[X1]"}, {"id": n + 1, "content": "[X2]"}]
+    spec["added_tokens"] = spec.get("added_tokens", []) + added
     return json.dumps(spec)
 
 
@@ -333,9 +335,9 @@ def eki_input(*lines: Union[str, bytes]):
     return setup
 
 
-INTERACTIVE = ["fairseq-interactive", "{t}/eki/data", "--path", "{t}/eki/checkpoint.pt", "--user-dir", "fairseq_knowgen",
-               "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu", "--beam", "2", "--max-len-a", "0",
-               "--max-len-b", "4", "--input", "{t}/in.txt"]  # fmt: skip
+INTERACTIVE = ["fairseq-interactive", "{t}/eki/data", "--path", "{t}/eki/checkpoint.pt", "--user-dir",
+               "fairseq_knowgen", "--task", "eki_generation", "-s", "src", "-t", "tgt", "--cpu", "--beam", "2",
+               "--max-len-a", "0", "--max-len-b", "4", "--input", "{t}/in.txt"]  # fmt: skip
 GOOD_EKI = "dog cat <sep> the dog sits"
 REFUSED_ONE = "{t}/in.txt: 1 of 3 line(s) refused (each named above); the others were decoded"
 

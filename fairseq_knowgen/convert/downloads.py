@@ -25,8 +25,10 @@ Each converter reads and checks all its inputs before it writes anything, and wr
 - :func:`load_model`: ``from_pretrained`` after :func:`check_weights`, refusing weights that lack a
   tensor of the model (``transformers`` would start it at random) or hold one of another shape than
   ``config.json`` gives;
-- :func:`read_fairseq_checkpoint`: a fairseq checkpoint (weights-only ``torch.load``, as
-  :mod:`fairseq_knowgen.checkpoint_compat` allows it).
+- :func:`read_fairseq_checkpoint`, :func:`read_fairseq_dictionary`: a released fairseq checkpoint
+  (weights-only ``torch.load``, as :mod:`fairseq_knowgen.checkpoint_compat` allows it) and its ``dict.txt``;
+- :func:`check_vocab_size`: a vocabulary of another size than the model's embedding is another model's,
+  refused naming both sizes (the converters' ``--allow-vocab-mismatch`` says when it is meant).
 """
 
 import contextlib
@@ -182,12 +184,15 @@ def load_model(model_class, hf_dir: str, missing_ok: Sequence[str] = (), unexpec
     missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(tuple(missing_ok)))
     problems = []
     if missing:
-        problems.append(f"the weights lack {len(missing)} tensor(s), which transformers would start at random: "
-                        f"{some_names(missing)}")
+        problems.append(
+            f"the weights lack {len(missing)} tensor(s), which transformers would start at random: "
+            f"{some_names(missing)}"
+        )
     unexpected = sorted(info.get("unexpected_keys") or [])
     if unexpected and not unexpected_ok:
-        problems.append(f"the weights hold {len(unexpected)} tensor(s) the model has no place for: "
-                        f"{some_names(unexpected)}")
+        problems.append(
+            f"the weights hold {len(unexpected)} tensor(s) the model has no place for: {some_names(unexpected)}"
+        )
     mismatched = sorted(_shapes(k) for k in info.get("mismatched_keys") or [])
     if mismatched:
         problems.append(f"{len(mismatched)} tensor(s) of other shapes than config.json's: {some_names(mismatched)}")

@@ -56,6 +56,7 @@ from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 
+from .. import interactive_input
 from ..data.eki_dataset import (
     CENTER_MATCHES,
     INPUT_LAYOUTS,
@@ -67,7 +68,6 @@ from ..data.eki_dataset import (
     data_settings,
     encode_source,
 )
-from .. import interactive_input
 from ..textio import DataError, read_lines, read_parallel
 from .translation_constrained import TranslationConstrainedConfig, TranslationConstrainedTask
 
@@ -253,7 +253,8 @@ class EKIGenerationTask(TranslationConstrainedTask):
         eos = torch.tensor([self.source_dictionary.eos()])
         tokens = [eos] * len(lines)  # a refused line's placeholder, never batched
         for i, line in zip(kept, completed):
-            tokens[i] = self.source_dictionary.encode_line(encode_source(line, encode_fn), add_if_not_exist=False).long()
+            encoded = encode_source(line, encode_fn)
+            tokens[i] = self.source_dictionary.encode_line(encoded, add_if_not_exist=False).long()
         return tokens, [t.numel() for t in tokens]
 
     def input_line_problem(self, line: str) -> Optional[str]:
@@ -337,4 +338,3 @@ class EKIGenerationTask(TranslationConstrainedTask):
             self._corpus = corpus
             self._retriever = PrototypeRetriever(corpus, keys)
         return self._retriever
-

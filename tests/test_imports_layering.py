@@ -24,6 +24,7 @@ LAYERS = {
     "exact_resume": 0,
     "clean_exit": 0,
     "deferred_registration": 0,
+    "interactive_input": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
     "optim_utils": 1,

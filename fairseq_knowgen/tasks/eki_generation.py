@@ -276,7 +276,7 @@ class EKIGenerationTask(TranslationConstrainedTask):
         return None
 
     def get_batch_iterator(self, dataset, max_tokens=None, *args, **kwargs):
-        if dataset is self._inference_dataset:  # filter_indices_by_size names lines longer than a batch may hold
+        if dataset is getattr(self, "_inference_dataset", None):  # filter_indices_by_size names long lines
             self._inference_max_tokens = max_tokens
         return super().get_batch_iterator(dataset, max_tokens, *args, **kwargs)
 
@@ -285,7 +285,7 @@ class EKIGenerationTask(TranslationConstrainedTask):
         those longer than the model's positions or ``--max-tokens`` are left out, each named by one error
         (fairseq's ``--skip-invalid-size-inputs-valid-test`` leaves the long ones out too, with one
         warning that names no line); other datasets as fairseq filters them."""
-        if dataset is not self._inference_dataset:
+        if dataset is not getattr(self, "_inference_dataset", None):
             return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
         refused = dict(self._refused_lines)
         first = self._input_lines_seen - len(dataset) + 1

@@ -105,6 +105,7 @@ size is a tensor: a training step makes no host-device sync of its own.
 
 import functools
 import math
+from typing import Optional
 from dataclasses import dataclass, field
 
 import torch
@@ -113,12 +114,21 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..modules.cocon_discriminator import ADV_LOSSES, discriminator_losses
+from ..modules.cocon_discriminator import (
+    ADV_LOSSES,
+    DISCRIMINATORS,
+    build_discriminator,
+    discriminator_loss,
+    generator_loss,
+)
+from ..optim.discriminator_optimizer import DiscriminatorOptimizer
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
 ADV_FAKE_CHOICES = ChoiceEnum(["generated", "teacher-forced"])
 ADV_LOSS_CHOICES = ChoiceEnum(list(ADV_LOSSES))
 SPLIT_CHOICES = ChoiceEnum(["fixed", "uniform"])
+DISC_CHOICES = ChoiceEnum(list(DISCRIMINATORS))
+DISC_INPUTS = ChoiceEnum(["raw", "layernorm"])
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
 # fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
@@ -154,6 +164,14 @@ class CoConCriterionConfig(FairseqDataclass):
         default="softmax", metadata={"help": "soft token fed back: softmax(o/T), or a Gumbel-softmax sample"}
     )
     cocon_cycle_temperature: float = field(default=1.0, metadata={"help": "T of the soft tokens"})
+    cocon_cycle_detach_interval: int = field(
+        default=1,
+        metadata={
+            "help": "while q^1 is generated, the lower-layer state fed back into the block is detached every N "
+            "steps (1: at every step, the authors' --train_cycle_detach_interval; 0: never, the gradient runs "
+            "through the whole generated chain)"
+        },
+    )
     cocon_cycle_sentences: int = field(
         default=16,
         metadata={
@@ -163,7 +181,32 @@ class CoConCriterionConfig(FairseqDataclass):
     )
     cocon_disc_update_freq: int = field(
         default=5,
-        metadata={"help": "the discriminator learns every K updates, and gets no optimizer step on the others"},
+        metadata={"help": "the discriminator learns every K updates (the authors' --disc_update_interval 5)"},
+    )
+    cocon_disc: Optional[DISC_CHOICES] = field(
+        default=None,
+        metadata={
+            "help": "the discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled) or mlp (a "
+            "position-wise MLP, mean-pooled); default cnn"
+        },
+    )
+    cocon_disc_dim: Optional[int] = field(
+        default=None,
+        metadata={"help": "channels per convolution (cnn) or hidden size (mlp); default 128 (cocon_lm_small: 64)"},
+    )
+    cocon_disc_input: DISC_INPUTS = field(
+        default="layernorm",
+        metadata={
+            "help": "what the CNN discriminator reads: layernorm (each state normalized, so that CoCon cannot move "
+            "its score by the states' scale; beyond the authors) or raw (the authors')"
+        },
+    )
+    cocon_disc_lr: float = field(
+        default=0.0,
+        metadata={"help": "the discriminator's own AdamW learning rate; 0: the block's at each update (the authors')"},
+    )
+    cocon_disc_clip_norm: float = field(
+        default=1.0, metadata={"help": "the discriminator's own gradient clip (the authors': 1.0); 0: none"}
     )
     cocon_adv_fake: ADV_FAKE_CHOICES = field(
         default="generated",
@@ -289,8 +332,14 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_steps=20,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
+        cocon_cycle_detach_interval=1,
         cocon_cycle_sentences=16,
         cocon_disc_update_freq=5,
+        cocon_disc=None,
+        cocon_disc_dim=None,
+        cocon_disc_input="layernorm",
+        cocon_disc_lr=0.0,
+        cocon_disc_clip_norm=1.0,
         cocon_adv_fake="generated",
         cocon_adv_loss="minimax",
         cocon_split="fixed",
@@ -311,6 +360,7 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_steps = cocon_cycle_steps
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
         self.cycle_sentences = max(2, cocon_cycle_sentences)
+        self.cycle_detach_interval = max(0, cocon_cycle_detach_interval)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
         self.adv_fake = str(cocon_adv_fake)
         self.adv_loss = str(cocon_adv_loss)
@@ -333,18 +383,42 @@ class CoConCriterion(FairseqCriterion):
         if self.min_content < 1 or self.max_content < self.min_content:
             raise ValueError("need 1 <= --cocon-min-content <= --cocon-max-content")
         self.update_num = 0
+        self.learn_discriminator = False
+        # the discriminator and its own optimizer (only when L_adv is on: a configuration builds what it uses)
+        self.discriminator = None
+        if self.w_adv:
+            dim = getattr(task, "cocon_embed_dim", None)
+            if dim is None:
+                raise ValueError("the cocon criterion needs the model's width: build the model with the task first")
+            disc = build_discriminator(
+                str(cocon_disc or "cnn"), dim, cocon_disc_dim or 128, input_norm=str(cocon_disc_input) == "layernorm"
+            )
+            self.discriminator = DiscriminatorOptimizer(disc, lr=cocon_disc_lr or None, clip_norm=cocon_disc_clip_norm)
+
+    def begin_update(self, update_num: int, accumulate: bool = True):
+        """Called by the ``cocon_generation`` task before each batch of update ``update_num``: the schedule counts
+        fairseq's updates; the discriminator's gradients of this update are kept unless ``accumulate`` is False (a
+        dummy batch of distributed training)."""
+        if self.discriminator is not None and int(update_num) != self.update_num:
+            self.discriminator.begin_update()
+        self.update_num = int(update_num)
+        self.learn_discriminator = accumulate and self.discriminator_learns()
 
     def set_update_num(self, update_num: int):
-        self.update_num = int(update_num)
+        self.begin_update(update_num)
 
-    def adversarial_on(self, model) -> bool:
-        """Whether L_adv (and so the discriminator) takes part in this training update."""
-        return bool(self.w_adv) and getattr(model, "discriminator", None) is not None and self.update_num >= self.adv_start
+    def adversarial_on(self) -> bool:
+        """Whether L_adv takes part in this training update."""
+        return self.discriminator is not None and self.update_num >= self.adv_start
 
-    def discriminator_learns(self, model) -> bool:
-        """Whether the discriminator gets its loss and an optimizer step in this update (every
-        ``--cocon-disc-update-freq`` updates once L_adv is on); the task asks before stepping."""
-        return self.adversarial_on(model) and bool(self.w_disc) and self.update_num % self.disc_update_freq == 0
+    def discriminator_learns(self) -> bool:
+        """Whether the discriminator learns in this update (every ``--cocon-disc-update-freq`` updates once L_adv
+        is on)."""
+        return self.adversarial_on() and bool(self.w_disc) and self.update_num % self.disc_update_freq == 0
+
+    def step_discriminator(self, lr: float) -> bool:
+        """The discriminator's own optimizer step, after fairseq's step of the block (the task calls it)."""
+        return self.discriminator is not None and self.discriminator.step(lr)
 
     def content_width(self) -> int:
         """The widest content any split can give (host-known: spans are padded to it)."""
@@ -449,6 +523,8 @@ class CoConCriterion(FairseqCriterion):
             # the position embedding only needs a non-pad placeholder id for the soft step
             toks = torch.cat([toks, toks[:, -1:].clone().fill_(dec.lm.dictionary.unk())], dim=1)
             h, _ = dec.lower(toks, inc, token_embeddings=y @ emb)
+            if self.cycle_detach_interval and (s + 1) % self.cycle_detach_interval == 0:
+                h = h.detach()  # the block reads the fed-back state; the gradient stops here
             h, _ = dec.block(h, incremental_state=inc)
             states.append(h)
             feats = dec.upper(h, inc)
@@ -538,7 +614,7 @@ class CoConCriterion(FairseqCriterion):
             loss = loss + self.w_null * l_null
             log["loss_null"] = l_null.detach()
         cycle_on = training and self.w_cycle and self.update_num >= self.cycle_start
-        adv_on = training and self.adversarial_on(model)
+        adv_on = training and self.adversarial_on()
         cyc = None
         if cycle_on or (adv_on and self.adv_fake == "generated"):
             cyc = self.cycle(model, sample, h)
@@ -547,8 +623,6 @@ class CoConCriterion(FairseqCriterion):
             # per cycle token, weighed as one self-reconstruction token
             loss = loss + self.w_cycle * l_cycle * ratio(sample_size, n_cycle)
             log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
-        disc = getattr(model, "discriminator", None)
-        disc_learns = training and self.discriminator_learns(model)
         if adv_on:
             if self.adv_fake == "generated":
                 # real: the LM's states of the cycle sentences' x^b; fake: the block generating q^1
@@ -559,18 +633,18 @@ class CoConCriterion(FairseqCriterion):
             else:
                 real, real_pad = h.transpose(0, 1), ~loss_mask
                 fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
-                rows = None
-            l_disc, l_adv = discriminator_losses(disc, real, fake, real_pad, fake_pad, rows, self.adv_loss)
-            per_sentence = ratio(sample_size, B)
-            loss = loss + per_sentence * self.w_adv * l_adv
-            if disc_learns:
-                loss = loss + per_sentence * self.w_disc * l_disc
-            log["loss_adv"], log["loss_disc"] = l_adv.detach(), l_disc.detach()
-            log["nsentences_adv"] = rows.sum() if rows is not None else B
-        if training and disc is not None and not disc_learns:
-            # every parameter takes part in every update (torch DDP without find_unused_parameters); the
-            # task gives the discriminator no optimizer step in this update
-            loss = loss + 0.0 * sum(p.sum() for p in disc.parameters())
+                rows = torch.ones(B, dtype=torch.bool, device=target.device)
+            disc = self.discriminator
+            l_adv = generator_loss(disc.discriminator, fake, fake_pad, rows, self.adv_loss)
+            loss = loss + ratio(sample_size, B) * self.w_adv * l_adv  # weighs as w x mean over sentences
+            # the discriminator's own graph only where it learns (its weights' leaves: disc.weights())
+            weights = disc.weights() if self.learn_discriminator else dict(disc.discriminator.named_parameters())
+            l_disc, correct = discriminator_loss(disc.discriminator, weights, real, fake, real_pad, fake_pad, rows)
+            n_adv = rows.sum()
+            if self.learn_discriminator:
+                disc.accumulate(self.w_disc * l_disc / n_adv.clamp(min=1), weights)
+            log["loss_adv"], log["loss_disc"], log["disc_correct"] = l_adv.detach(), l_disc.detach(), correct
+            log["nsentences_adv"] = n_adv
         logging_output = {
             "loss": loss.detach(),
             "ntokens": sample["ntokens"],
@@ -600,6 +674,8 @@ class CoConCriterion(FairseqCriterion):
             n = total("nsentences_adv")
             for key in ("loss_adv", "loss_disc"):
                 metrics.log_scalar(key, ratio(total(key), n), n, round=3)
+            # real and fake sequences classified right, of 2 per sentence
+            metrics.log_scalar("disc_acc", ratio(total("disc_correct"), 2 * n), 2 * n, round=3)
         metrics.log_derived("ppl_self", lambda m: 2 ** m["loss_self"].avg if "loss_self" in m else float("nan"))
 
     @staticmethod

@@ -51,8 +51,11 @@ class ConvDiscriminator(nn.Module):
         dropout: dropout before the last layer (the authors': 0.5)
     """
 
-    def __init__(self, embed_dim: int, channels: int = 128, widths=(1, 2, 3), dropout: float = 0.5):
+    def __init__(
+        self, embed_dim: int, channels: int = 128, widths=(1, 2, 3), dropout: float = 0.5, input_norm: bool = False
+    ):
         super().__init__()
+        self.input_norm = input_norm
         self.convs = nn.ModuleList(nn.Conv1d(embed_dim, channels, w) for w in widths)
         self.dropout = dropout
         self.out = nn.Linear(channels * len(widths), 1, bias=False)
@@ -60,6 +63,8 @@ class ConvDiscriminator(nn.Module):
 
     def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """h: ``B x T x C``; padding_mask: ``B x T`` (True on padding). Returns ``B`` logits."""
+        if self.input_norm:  # each state scaled to zero mean and unit variance: the logit ignores the states' scale
+            h = F.layer_norm(h, h.shape[-1:])
         x = h.transpose(1, 2)  # B x C x T
         pooled = []
         for conv in self.convs:
@@ -77,10 +82,11 @@ class ConvDiscriminator(nn.Module):
         return self.out(feats).squeeze(-1)
 
 
-def build_discriminator(kind: str, embed_dim: int, hidden_dim: int) -> nn.Module:
-    """``cnn`` (the authors') or ``mlp`` (module docstring); ``hidden_dim``: channels or d_disc."""
+def build_discriminator(kind: str, embed_dim: int, hidden_dim: int, input_norm: bool = False) -> nn.Module:
+    """``cnn`` (the authors') or ``mlp`` (module docstring); ``hidden_dim``: channels or d_disc; ``input_norm``:
+    the CNN reads LayerNorm'd states (the MLP always does: its first layer is a LayerNorm)."""
     if kind == "cnn":
-        return ConvDiscriminator(embed_dim, hidden_dim)
+        return ConvDiscriminator(embed_dim, hidden_dim, input_norm=input_norm)
     if kind == "mlp":
         return HiddenStateDiscriminator(embed_dim, hidden_dim)
     raise ValueError(f"discriminator {kind!r}: one of {', '.join(DISCRIMINATORS)}")
@@ -112,38 +118,34 @@ class HiddenStateDiscriminator(nn.Module):
         return self.out(pooled).squeeze(-1)
 
 
-def discriminator_losses(
-    disc: nn.Module,
-    real: Tensor,
-    fake: Tensor,
-    real_padding_mask: Optional[Tensor] = None,
-    fake_padding_mask: Optional[Tensor] = None,
-    rows: Optional[Tensor] = None,
-    adv_loss: str = "minimax",
-):
-    """``(L_disc, L_adv)`` summed over the batch's sequences, with separated gradients:
+def discriminator_loss(disc: nn.Module, params, real: Tensor, fake: Tensor, real_padding_mask=None,
+                       fake_padding_mask=None, rows: Optional[Tensor] = None):
+    """The discriminator's side: ``L_disc = -log sigmoid(f(real)) - log(1 - sigmoid(f(fake)))`` summed over the
+    sequences (``rows``: ``B`` bool, the sequences that count), run with ``params`` (a name -> tensor dict: the
+    discriminator's own fp32 weights, :class:`~fairseq_knowgen.optim.cocon_discriminator.DiscriminatorTrainer`) on
+    the states detached and in fp32, so that its gradient reaches those weights only. Returns ``(L_disc, correct)``:
+    ``correct`` counts the sequences it classifies right (real logit > 0, fake logit < 0), real and fake together."""
+    z_real = torch.func.functional_call(disc, params, (real.detach().float(), real_padding_mask))
+    z_fake = torch.func.functional_call(disc, params, (fake.detach().float(), fake_padding_mask))
+    keep = torch.ones_like(z_real) if rows is None else rows.to(z_real.dtype)
+    loss = F.binary_cross_entropy_with_logits(z_real, torch.ones_like(z_real), reduction="none")
+    loss = loss + F.binary_cross_entropy_with_logits(z_fake, torch.zeros_like(z_fake), reduction="none")
+    correct = ((z_real > 0).to(keep.dtype) + (z_fake < 0).to(keep.dtype)) * keep
+    return (loss * keep).sum(), correct.sum().detach()
 
-    - ``L_disc`` sees detached states: its gradient reaches the discriminator only;
-    - ``L_adv`` (generator side, ``adv_loss``: ``minimax`` or ``non-saturating``, module docstring)
-      runs the discriminator with detached parameters (``torch.func.functional_call``): its gradient
-      reaches the fake states (CoCon) only.
 
-    ``real`` and ``fake`` are ``B x T x C`` and ``B x T' x C`` (their lengths may differ: real
-    text against generated steps); ``rows`` (``B`` bool) keeps only some sequences in the sums.
-    """
-    keep = None if rows is None else rows.to(real.dtype)
-
-    def bce(logits, label):
-        loss = F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, label), reduction="none")
-        return (loss if keep is None else loss * keep).sum()
-
-    l_disc = bce(disc(real.detach(), real_padding_mask), 1.0) + bce(disc(fake.detach(), fake_padding_mask), 0.0)
+def generator_loss(
+    disc: nn.Module, fake: Tensor, fake_padding_mask=None, rows: Optional[Tensor] = None, adv_loss: str = "minimax"
+) -> Tensor:
+    """CoCon's side, ``L_adv`` summed over the sequences (``adv_loss``: ``minimax`` ``log(1 - sigmoid(f(fake)))`` or
+    ``non-saturating`` ``-log sigmoid(f(fake))``; module docstring), the discriminator run with detached weights
+    (``torch.func.functional_call``) in fp32: its gradient reaches the fake states (CoCon) only."""
     frozen = {k: v.detach() for k, v in disc.named_parameters()}
-    fake_logits = torch.func.functional_call(disc, frozen, (fake, fake_padding_mask))
+    logits = torch.func.functional_call(disc, frozen, (fake.float(), fake_padding_mask))
     if adv_loss == "minimax":  # log(1 - D(fake)) = -BCE(D(fake), 0)
-        l_adv = -bce(fake_logits, 0.0)
+        loss = -F.binary_cross_entropy_with_logits(logits, torch.zeros_like(logits), reduction="none")
     elif adv_loss == "non-saturating":  # -log D(fake) = BCE(D(fake), 1)
-        l_adv = bce(fake_logits, 1.0)
+        loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="none")
     else:
         raise ValueError(f"adversarial loss {adv_loss!r}: one of {', '.join(ADV_LOSSES)}")
-    return l_disc, l_adv
+    return (loss if rows is None else loss * rows.to(loss.dtype)).sum()

@@ -38,10 +38,10 @@ hypothesis is cut to its own prompt + N tokens. The prompt lengths also tell the
 row's prompt ends (``net_input["prompt_lengths"]``: Eq. 7's ``dec`` reads the LM's own states
 before the prompt's last token).
 
-Training: ``train_step`` hands fairseq's ``update_num`` to the criterion (``set_update_num``), so
-that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` gives
-the discriminator no optimizer step on the updates where it does not learn
-(``--cocon-disc-update-freq``).
+Training: ``train_step`` hands fairseq's ``update_num`` to the ``cocon`` criterion (``begin_update``), so
+that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` steps the
+criterion's discriminator with its own optimizer after fairseq's step of the block, on the updates where it
+learns (``--cocon-disc-update-freq``).
 """
 
 import os
@@ -57,7 +57,6 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from ..models.cocon import PROMPT, SEP, CoConSetupError
-from ..optim_utils import no_optimizer_step
 from ..textio import DataError, read_lines
 
 COCON_MODES = ChoiceEnum(["cocon", "lm"])
@@ -399,6 +398,8 @@ class CoConGenerationTask(FairseqTask):
         except CoConSetupError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        if hasattr(model, "decoder") and hasattr(model.decoder, "embed_dim"):
+            self.cocon_embed_dim = model.decoder.embed_dim  # the cocon criterion's discriminator reads states this wide
         if str(self.cfg.cocon_mode) == "lm" and hasattr(model, "decoder") and hasattr(model.decoder, "bypass"):
             model.decoder.bypass = True
         if hasattr(model, "decoder") and hasattr(model.decoder, "min_new_tokens"):
@@ -406,21 +407,17 @@ class CoConGenerationTask(FairseqTask):
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if hasattr(criterion, "set_update_num"):
-            criterion.set_update_num(update_num)
-        learns = getattr(criterion, "discriminator_learns", None)
-        self._discriminator_learns = learns(unwrap(model)) if learns is not None else True
+        self._criterion = criterion
+        if hasattr(criterion, "begin_update"):
+            criterion.begin_update(update_num, accumulate=not ignore_grad)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def optimizer_step(self, optimizer, model, update_num):
-        """fairseq's step, except that on updates where the ``cocon`` criterion gives the
-        discriminator no loss (``--cocon-disc-update-freq``, before ``--cocon-adv-start``) its
-        parameters and optimizer state stay exactly as they are."""
-        disc = getattr(unwrap(model), "discriminator", None)
-        if disc is None or getattr(self, "_discriminator_learns", True):
-            return optimizer.step()
-        with no_optimizer_step(disc.parameters(), optimizer):
-            optimizer.step()
+        """fairseq's step of the block, then the ``cocon`` criterion's discriminator's own step (where it learns)."""
+        optimizer.step()
+        criterion = getattr(self, "_criterion", None)
+        if hasattr(criterion, "step_discriminator"):
+            criterion.step_discriminator(optimizer.get_lr())
 
     def conditioned_sample(self, sample):
         """Split every source row into its contents (the encoder's input) and its prompt

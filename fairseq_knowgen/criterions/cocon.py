@@ -157,6 +157,14 @@ class CoConCriterionConfig(FairseqDataclass):
     )
     cocon_cycle_start: int = field(default=2000, metadata={"help": "updates before L_cycle starts (authors: 2000)"})
     cocon_adv_start: int = field(default=2000, metadata={"help": "updates before L_adv/L_disc start (authors: 2000)"})
+    cocon_start_after_gap: float = field(
+        default=0.0,
+        metadata={
+            "help": "BITS > 0: L_cycle and L_adv start instead at the first update after a validation whose dev gap "
+            "L_null - L_self reaches BITS per token (the block reads its content); 0: at --cocon-cycle-start / "
+            "--cocon-adv-start"
+        },
+    )
     cocon_cycle_steps: int = field(
         default=20, metadata={"help": "length of the soft q^1 of the cycle (authors: 20)"}
     )
@@ -180,8 +188,11 @@ class CoConCriterionConfig(FairseqDataclass):
         },
     )
     cocon_disc_update_freq: int = field(
-        default=5,
-        metadata={"help": "the discriminator learns every K updates (the authors' --disc_update_interval 5)"},
+        default=1,
+        metadata={
+            "help": "the discriminator learns every K updates (the authors step it every 5; at 5 CoCon outruns it and "
+            "stops reading its content: docs/methods/cocon.md)"
+        },
     )
     cocon_disc: Optional[DISC_CHOICES] = field(
         default=None,
@@ -329,12 +340,13 @@ class CoConCriterion(FairseqCriterion):
         cocon_disc_weight=1.0,
         cocon_cycle_start=2000,
         cocon_adv_start=2000,
+        cocon_start_after_gap=0.0,
         cocon_cycle_steps=20,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
         cocon_cycle_detach_interval=1,
         cocon_cycle_sentences=16,
-        cocon_disc_update_freq=5,
+        cocon_disc_update_freq=1,
         cocon_disc=None,
         cocon_disc_dim=None,
         cocon_disc_input="layernorm",
@@ -357,6 +369,10 @@ class CoConCriterion(FairseqCriterion):
         self.w_self, self.w_null, self.w_cycle = cocon_self_weight, cocon_null_weight, cocon_cycle_weight
         self.w_adv, self.w_disc = cocon_adv_weight, cocon_disc_weight
         self.cycle_start, self.adv_start = cocon_cycle_start, cocon_adv_start
+        if cocon_start_after_gap < 0:
+            raise ValueError("--cocon-start-after-gap must be >= 0 (bits per token)")
+        self.start_after_gap = float(cocon_start_after_gap)
+        self.gap_reached_at = None  # --cocon-start-after-gap: the update it was reached at (read from the model)
         self.cycle_steps = cocon_cycle_steps
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
         self.cycle_sentences = max(2, cocon_cycle_sentences)
@@ -409,7 +425,25 @@ class CoConCriterion(FairseqCriterion):
 
     def adversarial_on(self) -> bool:
         """Whether L_adv takes part in this training update."""
-        return self.discriminator is not None and self.update_num >= self.adv_start
+        return self.discriminator is not None and self.update_num >= self.start("adv")
+
+    def start(self, loss: str) -> float:
+        """The first update of L_cycle (``loss`` = "cycle") or of L_adv ("adv"): the fixed ones, or with
+        ``--cocon-start-after-gap`` the update after the validation that showed the gap (never before it)."""
+        if self.start_after_gap:
+            return math.inf if self.gap_reached_at is None or self.gap_reached_at < 0 else self.gap_reached_at
+        return self.cycle_start if loss == "cycle" else self.adv_start
+
+    def read_gap_start(self, model):
+        """The update at which ``--cocon-start-after-gap``'s gap was reached, kept in the model's buffer
+        ``decoder.gap_reached_at`` (-1: not yet) so that a resumed run keeps it; read once (a host-device sync)."""
+        if self.start_after_gap and self.gap_reached_at is None:
+            self.gap_reached_at = int(model.decoder.gap_reached_at)
+
+    def gap_reached(self, model, update_num: int):
+        """Record that the dev gap reached ``--cocon-start-after-gap`` before update ``update_num``."""
+        model.decoder.gap_reached_at.fill_(update_num)
+        self.gap_reached_at = update_num
 
     def discriminator_learns(self) -> bool:
         """Whether the discriminator learns in this update (every ``--cocon-disc-update-freq`` updates once L_adv
@@ -613,7 +647,9 @@ class CoConCriterion(FairseqCriterion):
             l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
             loss = loss + self.w_null * l_null
             log["loss_null"] = l_null.detach()
-        cycle_on = training and self.w_cycle and self.update_num >= self.cycle_start
+        if training:
+            self.read_gap_start(model)
+        cycle_on = training and self.w_cycle and self.update_num >= self.start("cycle")
         adv_on = training and self.adversarial_on()
         cyc = None
         if cycle_on or (adv_on and self.adv_fake == "generated"):

@@ -315,6 +315,9 @@ class CoConDecoder(FairseqIncrementalDecoder):
         self.min_new_tokens = 0
         # marks checkpoints saved since --cocon-prefix-states existed (earlier ones decoded with "block")
         self.register_buffer("cocon_version", torch.tensor(2))
+        # training state of the cocon criterion's --cocon-start-after-gap: the update at which the dev gap was reached
+        # (-1: not yet), here so that every checkpoint keeps it
+        self.register_buffer("gap_reached_at", torch.tensor(-1))
 
     # -- the LM's pieces ------------------------------------------------------------------
     def embed(
@@ -612,6 +615,9 @@ class CoConModel(FairseqEncoderDecoderModel):
         if version not in state_dict:
             state_dict[version] = self.decoder.cocon_version.clone()
             self.decoder.prefix_states = self.args.cocon_prefix_states = "block"
+        gap = (name + "." if name else "") + "decoder.gap_reached_at"
+        if gap not in state_dict:
+            state_dict[gap] = torch.tensor(-1)
         # a checkpoint whose model held the discriminator: it is the criterion's now
         disc_prefix = (name + "." if name else "") + "discriminator."
         for k in [k for k in state_dict if k.startswith(disc_prefix)]:

@@ -44,6 +44,8 @@ criterion's discriminator with its own optimizer after fairseq's step of the blo
 learns (``--cocon-disc-update-freq``).
 """
 
+import logging
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -58,6 +60,8 @@ from omegaconf import II
 
 from ..models.cocon import PROMPT, SEP, CoConSetupError
 from ..textio import DataError, read_lines
+
+logger = logging.getLogger(__name__)
 
 COCON_MODES = ChoiceEnum(["cocon", "lm"])
 SAMPLE_MODES = ChoiceEnum(["window", "lines"])
@@ -410,7 +414,38 @@ class CoConGenerationTask(FairseqTask):
         self._criterion = criterion
         if hasattr(criterion, "begin_update"):
             criterion.begin_update(update_num, accumulate=not ignore_grad)
+            self.check_gap(unwrap(model), criterion, update_num)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, log = super().valid_step(sample, model, criterion)
+        if getattr(criterion, "start_after_gap", 0) and "loss_null" in log:
+            sums = torch.stack([torch.as_tensor(log[k], dtype=torch.double) for k in ("loss_self", "loss_null")]
+                               + [torch.as_tensor(sample_size, dtype=torch.double)]).cpu()
+            self._valid_sums = sums if getattr(self, "_valid_sums", None) is None else self._valid_sums + sums
+        return loss, sample_size, log
+
+    def check_gap(self, model, criterion, update_num):
+        """``--cocon-start-after-gap``: after a validation, the dev gap (L_null - L_self, bits per token, summed
+        over the data-parallel ranks) decides whether the cycle and adversarial losses start at this update."""
+        sums = getattr(self, "_valid_sums", None)
+        if sums is None or not criterion.start_after_gap:
+            return
+        self._valid_sums = None
+        criterion.read_gap_start(model)
+        if criterion.gap_reached_at is not None and criterion.gap_reached_at >= 0:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from fairseq.distributed import utils as distributed_utils
+
+            sums = sums.to(next(model.parameters()).device)
+            distributed_utils.all_reduce(sums, group=distributed_utils.get_data_parallel_group())
+        l_self, l_null, size = sums.tolist()
+        gap = (l_null - l_self) / max(size, 1.0) / math.log(2)
+        if gap >= criterion.start_after_gap:
+            criterion.gap_reached(model, update_num)
+            logger.info(f"dev gap {gap:.3f} bits >= {criterion.start_after_gap}: cycle and adversarial losses from "
+                        f"update {update_num}")
 
     def optimizer_step(self, optimizer, model, update_num):
         """fairseq's step of the block, then the ``cocon`` criterion's discriminator's own step (where it learns)."""

@@ -124,11 +124,12 @@ from ..modules.cocon_discriminator import (
 from ..optim.discriminator_optimizer import DiscriminatorOptimizer
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
-ADV_FAKE_CHOICES = ChoiceEnum(["generated", "teacher-forced"])
+# "generated": the name of "block" in checkpoints saved before "text" existed
+ADV_FAKE_CHOICES = ChoiceEnum(["text", "block", "teacher-forced", "generated"])
 ADV_LOSS_CHOICES = ChoiceEnum(list(ADV_LOSSES))
 SPLIT_CHOICES = ChoiceEnum(["fixed", "uniform"])
 DISC_CHOICES = ChoiceEnum(list(DISCRIMINATORS))
-DISC_INPUTS = ChoiceEnum(["raw", "layernorm"])
+
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
 # fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
@@ -188,11 +189,8 @@ class CoConCriterionConfig(FairseqDataclass):
         },
     )
     cocon_disc_update_freq: int = field(
-        default=1,
-        metadata={
-            "help": "the discriminator learns every K updates (the authors step it every 5; at 5 CoCon outruns it and "
-            "stops reading its content: docs/methods/cocon.md)"
-        },
+        default=5,
+        metadata={"help": "the discriminator learns every K updates (the authors' --disc_update_interval 5)"},
     )
     cocon_disc: Optional[DISC_CHOICES] = field(
         default=None,
@@ -205,13 +203,6 @@ class CoConCriterionConfig(FairseqDataclass):
         default=None,
         metadata={"help": "channels per convolution (cnn) or hidden size (mlp); default 128 (cocon_lm_small: 64)"},
     )
-    cocon_disc_input: DISC_INPUTS = field(
-        default="layernorm",
-        metadata={
-            "help": "what the CNN discriminator reads: layernorm (each state normalized, so that CoCon cannot move "
-            "its score by the states' scale; beyond the authors) or raw (the authors')"
-        },
-    )
     cocon_disc_lr: float = field(
         default=0.0,
         metadata={"help": "the discriminator's own AdamW learning rate; 0: the block's at each update (the authors')"},
@@ -220,10 +211,11 @@ class CoConCriterionConfig(FairseqDataclass):
         default=1.0, metadata={"help": "the discriminator's own gradient clip (the authors': 1.0); 0: none"}
     )
     cocon_adv_fake: ADV_FAKE_CHOICES = field(
-        default="generated",
+        default="text",
         metadata={
-            "help": "the discriminator's fake side: the block's states while generating the cycle's q^1 (the "
-            "paper's), or its states on the teacher-forced text (teacher-forced)"
+            "help": "the discriminator's fake side: text (the LM's own states of the generated q^1, as the "
+            "authors' --adv_use_th_gen_output), block (the block's states while it generates q^1: the authors' "
+            "default) or teacher-forced (the block's states on the real text)"
         },
     )
     cocon_adv_loss: ADV_LOSS_CHOICES = field(
@@ -346,13 +338,12 @@ class CoConCriterion(FairseqCriterion):
         cocon_cycle_temperature=1.0,
         cocon_cycle_detach_interval=1,
         cocon_cycle_sentences=16,
-        cocon_disc_update_freq=1,
+        cocon_disc_update_freq=5,
         cocon_disc=None,
         cocon_disc_dim=None,
-        cocon_disc_input="layernorm",
         cocon_disc_lr=0.0,
         cocon_disc_clip_norm=1.0,
-        cocon_adv_fake="generated",
+        cocon_adv_fake="text",
         cocon_adv_loss="minimax",
         cocon_split="fixed",
         cocon_prefix_len=10,
@@ -378,7 +369,7 @@ class CoConCriterion(FairseqCriterion):
         self.cycle_sentences = max(2, cocon_cycle_sentences)
         self.cycle_detach_interval = max(0, cocon_cycle_detach_interval)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
-        self.adv_fake = str(cocon_adv_fake)
+        self.adv_fake = "block" if str(cocon_adv_fake) == "generated" else str(cocon_adv_fake)
         self.adv_loss = str(cocon_adv_loss)
         self.split = str(cocon_split)
         self.prefix_len, self.content_len, self.len_jitter = cocon_prefix_len, cocon_content_len, cocon_len_jitter
@@ -406,9 +397,7 @@ class CoConCriterion(FairseqCriterion):
             dim = getattr(task, "cocon_embed_dim", None)
             if dim is None:
                 raise ValueError("the cocon criterion needs the model's width: build the model with the task first")
-            disc = build_discriminator(
-                str(cocon_disc or "cnn"), dim, cocon_disc_dim or 128, input_norm=str(cocon_disc_input) == "layernorm"
-            )
+            disc = build_discriminator(str(cocon_disc or "cnn"), dim, cocon_disc_dim or 128)
             self.discriminator = DiscriminatorOptimizer(disc, lr=cocon_disc_lr or None, clip_norm=cocon_disc_clip_norm)
 
     def begin_update(self, update_num: int, accumulate: bool = True):
@@ -538,13 +527,15 @@ class CoConCriterion(FairseqCriterion):
 
     def generate_soft(self, dec, prefix_inputs, content_states, content_pad):
         """q^1 = f(p', c = q) as soft tokens (Cycle Reconstruction Loss): ``B x steps x V``
-        distributions, generated incrementally after the prefix inputs (``</s> p'``, no padding),
-        and the block's states that generated them (``B x steps x C``: at the prefix's last
-        position and at each fed-back step; the adversarial loss's fake side)."""
+        distributions, generated incrementally after the prefix inputs (``</s> p'``, no padding), and
+        the adversarial loss's fake side (``B x steps x C``): with ``--cocon-adv-fake text`` the LM's
+        lower-layer states of the generated soft tokens (their gradient reaches the block through the
+        soft tokens), with ``block`` the block's states that generated them (at the prefix's last
+        position and at each fed-back step)."""
         inc = {}
         h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
         h_block, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
-        states = [h_block[-1:]]
+        states = [] if self.adv_fake == "text" else [h_block[-1:]]
         # Eq. 7: the LM's own states before the prefix's last token
         feats = dec.upper(dec.with_prefix_states(h, h_block, h.size(0) - 1), inc)[:, -1:]
         toks, ys = prefix_inputs, []
@@ -552,15 +543,20 @@ class CoConCriterion(FairseqCriterion):
         for s in range(self.cycle_steps):
             y = self.soft_tokens(dec.lm_logits(feats))  # B x 1 x V
             ys.append(y)
-            if s + 1 == self.cycle_steps:
+            if s + 1 == self.cycle_steps and self.adv_fake != "text":
                 break
             # the position embedding only needs a non-pad placeholder id for the soft step
             toks = torch.cat([toks, toks[:, -1:].clone().fill_(dec.lm.dictionary.unk())], dim=1)
             h, _ = dec.lower(toks, inc, token_embeddings=y @ emb)
+            if self.adv_fake == "text":
+                states.append(h)
+                if s + 1 == self.cycle_steps:
+                    break
             if self.cycle_detach_interval and (s + 1) % self.cycle_detach_interval == 0:
                 h = h.detach()  # the block reads the fed-back state; the gradient stops here
             h, _ = dec.block(h, incremental_state=inc)
-            states.append(h)
+            if self.adv_fake != "text":
+                states.append(h)
             feats = dec.upper(h, inc)
         return torch.cat(ys, dim=1), torch.cat(states, dim=0).transpose(0, 1)
 
@@ -652,7 +648,7 @@ class CoConCriterion(FairseqCriterion):
         cycle_on = training and self.w_cycle and self.update_num >= self.start("cycle")
         adv_on = training and self.adversarial_on()
         cyc = None
-        if cycle_on or (adv_on and self.adv_fake == "generated"):
+        if cycle_on or (adv_on and self.adv_fake != "teacher-forced"):
             cyc = self.cycle(model, sample, h)
         if cycle_on:
             l_cycle, n_cycle = self.cycle_loss(model, cyc, pad_mask)
@@ -660,7 +656,7 @@ class CoConCriterion(FairseqCriterion):
             loss = loss + self.w_cycle * l_cycle * ratio(sample_size, n_cycle)
             log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
         if adv_on:
-            if self.adv_fake == "generated":
+            if self.adv_fake != "teacher-forced":
                 # real: the LM's states of the cycle sentences' x^b; fake: the block generating q^1
                 n = cyc["n"]
                 real, real_pad = h[:, :n].transpose(0, 1), ~loss_mask[:n]

@@ -51,11 +51,8 @@ class ConvDiscriminator(nn.Module):
         dropout: dropout before the last layer (the authors': 0.5)
     """
 
-    def __init__(
-        self, embed_dim: int, channels: int = 128, widths=(1, 2, 3), dropout: float = 0.5, input_norm: bool = False
-    ):
+    def __init__(self, embed_dim: int, channels: int = 128, widths=(1, 2, 3), dropout: float = 0.5):
         super().__init__()
-        self.input_norm = input_norm
         self.convs = nn.ModuleList(nn.Conv1d(embed_dim, channels, w) for w in widths)
         self.dropout = dropout
         self.out = nn.Linear(channels * len(widths), 1, bias=False)
@@ -63,8 +60,6 @@ class ConvDiscriminator(nn.Module):
 
     def forward(self, h: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
         """h: ``B x T x C``; padding_mask: ``B x T`` (True on padding). Returns ``B`` logits."""
-        if self.input_norm:  # each state scaled to zero mean and unit variance: the logit ignores the states' scale
-            h = F.layer_norm(h, h.shape[-1:])
         x = h.transpose(1, 2)  # B x C x T
         pooled = []
         for conv in self.convs:
@@ -82,11 +77,10 @@ class ConvDiscriminator(nn.Module):
         return self.out(feats).squeeze(-1)
 
 
-def build_discriminator(kind: str, embed_dim: int, hidden_dim: int, input_norm: bool = False) -> nn.Module:
-    """``cnn`` (the authors') or ``mlp`` (module docstring); ``hidden_dim``: channels or d_disc; ``input_norm``:
-    the CNN reads LayerNorm'd states (the MLP always does: its first layer is a LayerNorm)."""
+def build_discriminator(kind: str, embed_dim: int, hidden_dim: int) -> nn.Module:
+    """``cnn`` (the authors') or ``mlp`` (module docstring); ``hidden_dim``: channels or d_disc."""
     if kind == "cnn":
-        return ConvDiscriminator(embed_dim, hidden_dim, input_norm=input_norm)
+        return ConvDiscriminator(embed_dim, hidden_dim)
     if kind == "mlp":
         return HiddenStateDiscriminator(embed_dim, hidden_dim)
     raise ValueError(f"discriminator {kind!r}: one of {', '.join(DISCRIMINATORS)}")

@@ -26,7 +26,6 @@ LAYERS = {
     "deferred_registration": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
-    "optim_utils": 1,
     "optim": 1,  # optimizers registered with fairseq (kbert_adam)
     "demo_data": 1,
     "checkpoint_average": 1,

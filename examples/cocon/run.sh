@@ -18,11 +18,12 @@
 #       4 train the judge LM (runs/judge: another seed and data order, the LM's dictionary and BPE)
 #       5 train CoCon NAME on the frozen base LM (runs/NAME): 30-token windows of running text, the cycle and
 #         adversarial losses on from update 2,000 (the authors'), dev losses every VALIDATE_EVERY updates
-#       6 decode (runs/NAME/gen), every system from the same prompts for FIXED_LEN tokens: the plain LM
+#       6 decode (runs/NAME/gen) from CHECKPOINT, every system from the same prompts for FIXED_LEN tokens: the plain LM
 #         (SET.lm.out), the LM with the content before the prompt (SET.lm-prompt.out), CoCon for each tau in TAUS
 #         (SET.tauT.out); SET = cg (CommonGen dev concept sets, prompts from a fixed list), ht5/ht10/ht20
 #         (contents of held-back sentences, prompts their first PROMPT_WORDS words)
-#       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json) and the plot PLOT
+#       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json), the plot PLOT
+#         and the dev gap of every run over its updates (OUT/gap.json, the plot GAP_PLOT)
 #   Environment (all optional):
 #       BPE_OPS=8000 HELDOUT=600 VALID=1000 CONTENT_MODE=separate (one content per concept; 'joined': one content)
 #       PROMPT_WORDS=3
@@ -39,6 +40,8 @@
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-content-prev-key 1",
 #                    "--cocon-cycle-weight 0 --cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
 #       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1"
+#       CHECKPOINT=last (the end of training, as the authors decode; best: the lowest dev L_self + L_null, which
+#                    the cycle and adversarial losses never lower: their runs' best is from before they start)
 #       FIXED_LEN=50 (tokens after the prompt, no </s> before them, as the authors; 0: stop at </s> within
 #                    CG_LEN / HT_LEN) GEN_SEED=1 CG_LEN=32 HT_LEN=40
 #       BASELINES=1 (0: no lm/lm-prompt rows: they are the same for every NAME)  SETS="cg ht5 ht10 ht20" (stage 6)
@@ -71,9 +74,10 @@ else COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}; fi
 CYCLE_START=${CYCLE_START:-}; ADV_START=${ADV_START:-$CYCLE_START}; GAP=${GAP:-}
 SAMPLE_MODE=${SAMPLE_MODE:-window}; ARGS=${ARGS:-}
 TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1}
-FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}
+FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}; CHECKPOINT=${CHECKPOINT:-last}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
 MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_BATCH=${COCON_BATCH:-16}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
+GAP_PLOT=${GAP_PLOT:-$OUT/cocon_dev_gap.png}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -212,7 +216,7 @@ if stage 6; then
     local subset=$1 out=$2 len=$3; shift 3
     # shellcheck disable=SC2086
     $BIN/fairseq-generate "$OUT/bin/gen" --user-dir fairseq_knowgen --task cocon_generation --gen-subset "$subset" \
-      --path "$RUN/checkpoints/checkpoint_best.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
+      --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
       --cocon-fixed-len "$FIXED_LEN" --max-len-a 0 --max-len-b "$len" --batch-size 64 --seed "$GEN_SEED" \
       $DECODE "$@" $DEVICE_ARGS > "$out.part" 2> "$out.log" \
       || { rm -f "$out.part"; echo "fairseq-generate failed: see $out.log"; return 1; }
@@ -242,4 +246,7 @@ if stage 7; then
   $PY scripts/cocon_score.py table --scores $(ls "$OUT"/runs/*/scores.json) \
     --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" --refs-bpe "$OUT/bpe/cg.ref.txt" \
     --out-md "$OUT/table.md" --plot "$PLOT"
+  # shellcheck disable=SC2046
+  $PY scripts/cocon_score.py gap --logs $(ls "$OUT"/runs/*/train.log | grep -v -e /lm/ -e /judge/) \
+    --json-out "$OUT/gap.json" --plot "$GAP_PLOT"
 fi

@@ -400,6 +400,13 @@ class CoConCriterion(FairseqCriterion):
             disc = build_discriminator(str(cocon_disc or "cnn"), dim, cocon_disc_dim or 128)
             self.discriminator = DiscriminatorOptimizer(disc, lr=cocon_disc_lr or None, clip_norm=cocon_disc_clip_norm)
 
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """fairseq restores the criterion's state (the discriminator and its optimizer's) on resume; a checkpoint
+        saved when the discriminator was a part of the model has none: the discriminator then starts afresh."""
+        if state_dict is None:
+            return None
+        return super().load_state_dict(state_dict, strict)
+
     def begin_update(self, update_num: int, accumulate: bool = True):
         """Called by the ``cocon_generation`` task before each batch of update ``update_num``: the schedule counts
         fairseq's updates; the discriminator's gradients of this update are kept unless ``accumulate`` is False (a

@@ -407,7 +407,8 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm, fake_side):
       sequence of soft embeddings), then -sum_{p=1,2} log p(x_p | c = q^1, no mask);
     - L_adv = sum_b log(1 - sigmoid(D(fake_b))), fake = the LM's lower states of the generated q^1 after p'
       (``text``, the default) or the block's states that generated q^1 (``block``);
-      L_disc = sum_b -log sigmoid(D(real_b)) - log(1 - sigmoid(D(fake_b))), real = the LM's lower states at x^b.
+      L_disc = sum_b -log sigmoid(D(real_b)) - log(1 - sigmoid(D(fake_b))), real = the LM's lower states of x^b's
+      tokens.
     """
     data, lm = tiny_lm
     task, model, _ = build_task_and_model(
@@ -428,10 +429,12 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm, fake_side):
     crit.set_update_num(0)
     d = task.target_dictionary
     eos = d.eos()
-    x = torch.tensor([[d.index(w) for w in "a b c".split()], [d.index(w) for w in "d e f".split()]])
+    # two windows of running text: x^b = x_1 x_2, whose LM states (the real side) are at positions 2 and 3 of the
+    # shifted input; x_3 is in no loss
+    x = torch.tensor([[d.index(w) for w in "a b c a".split()], [d.index(w) for w in "d e f d".split()]])
     prev = torch.cat([torch.full((2, 1), eos), x[:, :-1]], dim=1)
-    net_input = {"src_tokens": x, "src_lengths": torch.tensor([3, 3]), "prev_output_tokens": prev}
-    sample = {"id": torch.tensor([0, 1]), "nsentences": 2, "ntokens": 6, "target": x, "net_input": net_input}
+    net_input = {"src_tokens": x, "src_lengths": torch.tensor([4, 4]), "prev_output_tokens": prev}
+    sample = {"id": torch.tensor([0, 1]), "nsentences": 2, "ntokens": 8, "target": x, "net_input": net_input}
     loss, sample_size, log = crit(model, sample)
 
     dec = model.decoder
@@ -456,9 +459,9 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm, fake_side):
         for b in range(2):
             other = 1 - b  # x' of row b: the previous row, cyclically
             row = x[b].tolist()
-            h = dec.lower(prev[b : b + 1])[0]  # 3 x 1 x C
+            h = dec.lower(prev[b : b + 1])[0]  # 4 x 1 x C
             content = states_of(row[1:3])
-            hidden = torch.zeros(1, 3, 2, dtype=torch.bool)
+            hidden = torch.zeros(1, 4, 2, dtype=torch.bool)
             hidden[0, 1, 0] = hidden[0, 2, 1] = True  # query p predicts content token p - 1
             lp_self = logp(h, dec.block(h, content, None, None, content_attn_mask=hidden)[0])
             lp_null = logp(h, dec.block(h)[0])
@@ -481,8 +484,9 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm, fake_side):
             lp_cycle = logp(h, dec.block(h, soft_states(ys)[1:])[0])
             for p in (1, 2):
                 l_cycle -= float(lp_cycle[p, row[p]])
-            # the adversarial pair: real = the LM's lower states at x^b (positions 1, 2), fake = the states above
-            z_real = ref_discriminator(convs, out_w, h[:, 0].double(), [False, True, True])
+            # the adversarial pair: real = the LM's lower states of x^b's tokens (positions 2, 3 of the shifted
+            # input), fake = the states above
+            z_real = ref_discriminator(convs, out_w, h[:, 0].double(), [False, False, True, True])
             z_fake = ref_discriminator(convs, out_w, torch.stack(fake), [True, True])
             l_adv += math.log(1 - torch.sigmoid(z_fake).item())
             l_disc += -math.log(torch.sigmoid(z_real).item()) - math.log(1 - torch.sigmoid(z_fake).item())

@@ -559,7 +559,7 @@ class CoConCriterion(FairseqCriterion):
                 states.append(h)
                 if s + 1 == self.cycle_steps:
                     break
-            if self.cycle_detach_interval and (s + 1) % self.cycle_detach_interval == 0:
+            if self.cycle_detach_interval and s % self.cycle_detach_interval == 0:  # the authors' cur_len % N
                 h = h.detach()  # the block reads the fed-back state; the gradient stops here
             h, _ = dec.block(h, incremental_state=inc)
             if self.adv_fake != "text":
@@ -664,18 +664,23 @@ class CoConCriterion(FairseqCriterion):
             log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
         if adv_on:
             if self.adv_fake != "teacher-forced":
-                # real: the LM's states of the cycle sentences' x^b; fake: the block generating q^1
+                # real: the LM's states of the cycle sentences' x^b tokens, one position to the right of x^b's
+                # targets (position i of h read x_{i-1}); a window's last token has no state there and is left
+                # out. Fake: the states of the generated q^1
                 n = cyc["n"]
-                real, real_pad = h[:, :n].transpose(0, 1), ~loss_mask[:n]
+                words = loss_mask[:n] & target[:n].ne(self.eos_idx)  # x^b without the </s> L_self may count
+                real_mask = F.pad(words[:, :-1], (1, 0), value=False)
+                real, real_pad = h[:, :n].transpose(0, 1), ~real_mask
                 fake, fake_pad = cyc["fake"], None
-                rows = cyc["valid"]
+                rows = cyc["valid"] & real_mask.any(1)
             else:
                 real, real_pad = h.transpose(0, 1), ~loss_mask
                 fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
                 rows = torch.ones(B, dtype=torch.bool, device=target.device)
             disc = self.discriminator
             l_adv = generator_loss(disc.discriminator, fake, fake_pad, rows, self.adv_loss)
-            loss = loss + ratio(sample_size, B) * self.w_adv * l_adv  # weighs as w x mean over sentences
+            # weighs as w x the mean over the sentences it is computed on (the authors' BCE means)
+            loss = loss + ratio(sample_size, rows.sum()) * self.w_adv * l_adv
             # the discriminator's own graph only where it learns (its weights' leaves: disc.weights())
             weights = disc.weights() if self.learn_discriminator else dict(disc.discriminator.named_parameters())
             l_disc, correct = discriminator_loss(disc.discriminator, weights, real, fake, real_pad, fake_pad, rows)

@@ -22,6 +22,11 @@ scored unless ``--fixed-len`` says the outputs have a fixed length (no ``</s>`` 
 prompts an output is scored as its own sentence (``</s>`` w_1..w_n ``</s>``). Distinct-n = distinct
 n-grams / n-grams over all outputs (Li et al., 2016), on the package's word tokens.
 
+``gap``: the dev losses of training runs over their updates (the ``valid`` lines of each ``RUN/train.log``) as a
+JSON file and a plot of the gap L_null - L_self (bits per token): how much the block's content helps::
+
+    python scripts/cocon_score.py gap --logs RUN1/train.log RUN2/train.log --json-out gap.json --plot gap.png
+
 ``table``: the ``scores.json`` of several runs (and the references' judge perplexity) as two
 Markdown tables and a JSON file; ``--plot`` draws coverage against judge perplexity of the CoCon
 rows as tau varies (matplotlib)::
@@ -239,6 +244,49 @@ def cmd_table(a):
         plot(rows1, a.plot)
 
 
+_VALID = re.compile(r"\| valid on .*\| loss_self ([0-9.]+) \| loss_null ([0-9.]+) .*\| num_updates (\d+)")
+
+
+def dev_gaps(log_path: str) -> List[List[float]]:
+    """``[update, L_self, L_null, gap]`` of every validation in a fairseq-train log (a resumed run's repeats of an
+    update keep the last)."""
+    points = {}
+    for line in read_lines(log_path, "training log"):
+        m = _VALID.search(line)
+        if m:
+            s_, n_, u = float(m.group(1)), float(m.group(2)), int(m.group(3))
+            points[u] = [u, s_, n_, round(n_ - s_, 4)]
+    if not points:
+        raise DataError(log_path, 0, "no validation line with loss_self and loss_null: not a cocon training log")
+    return [points[u] for u in sorted(points)]
+
+
+def cmd_gap(a):
+    runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): dev_gaps(p) for p in a.logs}
+    with atomic_write(a.json_out) as f:
+        json.dump(runs, f, indent=1)
+    for name, pts in runs.items():
+        print(name, " ".join(f"{int(u)}:{g:.3f}" for u, _, _, g in pts))
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        for name, pts in sorted(runs.items()):
+            ax.plot([p[0] for p in pts], [p[3] for p in pts], "o-", ms=3, label=name)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("update")
+        ax.set_ylabel("dev L_null - L_self (bits per token)")
+        ax.set_title("How much the content helps, over training")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        with atomic_write(a.plot, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
+        print(f"plot -> {a.plot}")
+
+
 def plot(rows: Dict[str, Dict[str, float]], path: str):
     import logging
 
@@ -286,6 +334,10 @@ def main(argv=None):
     s.add_argument("--fixed-len", type=int, default=0, help="N > 0: the outputs are N tokens after their prompt "
                    "(fairseq-generate --cocon-fixed-len N): no final </s> scored")
     s.add_argument("--json-out", required=True)
+    g = sub.add_parser("gap")
+    g.add_argument("--logs", nargs="+", required=True, help="RUN/train.log of cocon trainings")
+    g.add_argument("--json-out", required=True)
+    g.add_argument("--plot", help="PNG of the dev gap over the updates")
     t = sub.add_parser("table")
     t.add_argument("--scores", nargs="+", required=True)
     t.add_argument("--judge")
@@ -293,7 +345,7 @@ def main(argv=None):
     t.add_argument("--out-md", required=True)
     t.add_argument("--plot", help="PNG of coverage against judge perplexity as tau varies")
     a = p.parse_args(argv)
-    (cmd_score if a.cmd == "score" else cmd_table)(a)
+    {"score": cmd_score, "gap": cmd_gap, "table": cmd_table}[a.cmd](a)
 
 
 if __name__ == "__main__":

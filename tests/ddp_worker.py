@@ -115,6 +115,8 @@ if __name__ == "__main__":
     torch.save(
         {
             "params": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
+            # a criterion's own trained state (CoCon's discriminator), outside the model
+            "criterion": {k: v.detach().clone() for k, v in t.criterion.state_dict().items() if torch.is_tensor(v)},
             "losses": captured["losses"],
             "num_updates": t.get_num_updates(),
             # the data-parallel wrapper fairseq put around the model (inside its ModuleProxyWrapper)

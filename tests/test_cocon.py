@@ -19,7 +19,8 @@ from fairseq_knowgen.modules.cocon_discriminator import (
     ConvDiscriminator,
     HiddenStateDiscriminator,
     build_discriminator,
-    discriminator_losses,
+    discriminator_loss,
+    generator_loss,
 )
 
 WORDS = "dog cat ball park run jump play throw catch field river boat sit swim the a and in".split()
@@ -314,14 +315,17 @@ def test_unknown_self_mask_is_refused(cocon_data):
 def test_without_adversarial_loss_no_discriminator_is_built_and_every_parameter_learns(cocon_data, adv_weight):
     """DDP without find_unused_parameters: the configuration creates only what its loss uses."""
     task, model = build(cocon_data, "--criterion", "cocon", "--cocon-adv-weight", adv_weight)
-    assert (model.discriminator is None) == (adv_weight == "0")
     crit = CoConCriterion(task, cocon_adv_weight=float(adv_weight), cocon_cycle_start=0, cocon_adv_start=0)
+    assert (crit.discriminator is None) == (adv_weight == "0")
+    assert not any(k.startswith("discriminator") for k in model.state_dict())  # the criterion's, not the model's
     model.train()
     loss, _, log = crit(model, first_batch(task))
     loss.backward()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(p.grad is not None for _, p in trainable), [n for n, p in trainable if p.grad is None]
     assert ("loss_adv" in log) == (adv_weight == "1")
+    # the discriminator is outside fairseq's optimizer (it builds one from what requires gradients) and DDP
+    assert not any(p.requires_grad for p in crit.parameters())
 
 
 def test_split_points_within_bounds():
@@ -484,9 +488,12 @@ def test_discriminator_and_generator_gradients_are_separated(kind, adv_loss):
     fake = torch.randn(3, 5, 8, requires_grad=True)
     pad = torch.zeros(3, 5, dtype=torch.bool)
     pad[0, 3:] = True
-    l_disc, l_adv = discriminator_losses(disc, real, fake, None, pad, adv_loss=adv_loss)
-    g = torch.autograd.grad(l_disc, [real, fake, *disc.parameters()], allow_unused=True)
+    weights = {k: v.detach().clone().requires_grad_() for k, v in disc.named_parameters()}
+    l_disc, correct = discriminator_loss(disc, weights, real, fake, None, pad)
+    g = torch.autograd.grad(l_disc, [real, fake, *weights.values()], allow_unused=True)
     assert g[0] is None and g[1] is None and all(x is not None and x.abs().sum() > 0 for x in g[2:])
+    assert all(p.grad is None for p in disc.parameters())  # the module's own weights took no gradient
+    l_adv = generator_loss(disc, fake, pad, adv_loss=adv_loss)
     g = torch.autograd.grad(l_adv, [real, fake, *disc.parameters()], allow_unused=True)
     assert g[0] is None and g[1].abs().sum() > 0 and all(x is None for x in g[2:])
     assert g[1][0, 3:].eq(0).all()  # padded positions are not pooled
@@ -496,16 +503,17 @@ def test_discriminator_and_generator_gradients_are_separated(kind, adv_loss):
     gen = torch.log(1 - sig(zf)) if adv_loss == "minimax" else -torch.log(sig(zf))
     assert torch.allclose(l_adv, gen.sum())
     assert torch.allclose(l_disc, -(torch.log(sig(zr)) + torch.log(1 - sig(zf))).sum())
+    assert correct == ((zr > 0).sum() + (zf < 0).sum())
     # rows: only the kept sequences count
     rows = torch.tensor([True, False, True])
-    l_disc_r, l_adv_r = discriminator_losses(disc, real, fake, None, pad, rows, adv_loss)
-    assert torch.allclose(l_adv_r, gen[rows].sum())
+    l_disc_r, correct_r = discriminator_loss(disc, weights, real, fake, None, pad, rows)
+    assert torch.allclose(generator_loss(disc, fake, pad, rows, adv_loss), gen[rows].sum())
     assert torch.allclose(l_disc_r, -(torch.log(sig(zr)) + torch.log(1 - sig(zf)))[rows].sum())
+    assert correct_r == ((zr > 0) & rows).sum() + ((zf < 0) & rows).sum()
     # the default generator loss is the authors' minimax one
-    default = discriminator_losses(disc, real, fake, None, pad)[1]
-    assert torch.equal(default, discriminator_losses(disc, real, fake, None, pad, adv_loss="minimax")[1])
+    assert torch.equal(generator_loss(disc, fake, pad), generator_loss(disc, fake, pad, adv_loss="minimax"))
     with pytest.raises(ValueError, match="adversarial loss"):
-        discriminator_losses(disc, real, fake, None, pad, adv_loss="wasserstein")
+        generator_loss(disc, fake, pad, adv_loss="wasserstein")
 
 
 def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
@@ -539,11 +547,14 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
     assert dec.block.attn.content_k_proj.weight.grad.abs().sum() > 0
 
 
-def test_soft_generation_equals_a_full_recomputation(cocon_data):
+@pytest.mark.parametrize("fake_side", ["text", "block"])
+def test_soft_generation_equals_a_full_recomputation(cocon_data, fake_side):
     """The incremental soft generation of the cycle equals running the whole soft sequence at once, the upper
-    layers reading the LM's own states before the prefix's last token (Eq. 7) and the block's from there on."""
+    layers reading the LM's own states before the prefix's last token (Eq. 7) and the block's from there on; the
+    adversarial loss's fake side is the LM's lower states of the generated tokens (text) or the block's states
+    that generated them (block)."""
     task, model = build(cocon_data)
-    crit = CoConCriterion(task, cocon_cycle_steps=4)
+    crit = CoConCriterion(task, cocon_cycle_steps=4, cocon_adv_fake=fake_side)
     dec = model.decoder
     prefix = torch.tensor([[2, 4, 5], [2, 6, 7]])
     content = torch.tensor([[8, 9, 10], [11, 12, 1]])
@@ -561,8 +572,13 @@ def test_soft_generation_equals_a_full_recomputation(cocon_data):
     want = torch.softmax(logits[:, P - 1 :], -1)
     assert torch.allclose(ys, want, atol=1e-5)
     assert not torch.allclose(ys, torch.softmax(block_everywhere[:, P - 1 :], -1), atol=1e-4)  # it matters
-    # the adversarial loss's fake side: the block's states at the positions that generated q^1
-    assert torch.allclose(states, h_block[P - 1 :].transpose(0, 1), atol=1e-5)
+    if fake_side == "block":  # the block's states at the positions that generated q^1
+        assert torch.allclose(states, h_block[P - 1 :].transpose(0, 1), atol=1e-5)
+    else:  # the LM's lower states of the 4 generated tokens, after the prefix
+        with torch.no_grad():
+            every = torch.cat([emb(prefix), ys @ emb.weight], dim=1)
+            h_all, _ = dec.lower(torch.cat([prefix, torch.full((2, 4), 3)], dim=1), token_embeddings=every)
+        assert torch.allclose(states, h_all[P:].transpose(0, 1), atol=1e-5)
 
 
 def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_data, monkeypatch):
@@ -619,7 +635,7 @@ def test_losses_run_inside_one_model_forward(cocon_data):
     depth, outside = [0], []
     model.register_forward_pre_hook(lambda m, a: depth.__setitem__(0, depth[0] + 1))
     model.register_forward_hook(lambda m, a, o: depth.__setitem__(0, depth[0] - 1))
-    for sub in (model.decoder.block, model.decoder.lm.layers[0], model.discriminator):
+    for sub in (model.decoder.block, model.decoder.lm.layers[0]):
         sub.register_forward_pre_hook(lambda m, a: outside.append(m) if depth[0] == 0 else None)
     calls = []
     model.register_forward_pre_hook(lambda m, a: calls.append(1))
@@ -678,7 +694,7 @@ def test_loss_goes_down_and_only_cocon_learns(cocon_data):
         assert torch.equal(v, lm_before[k]), k
     changed = [k for k, p in model.named_parameters() if p.requires_grad and not torch.equal(p, cocon_before[k])]
     assert sorted(changed) == sorted(cocon_before)
-    assert all(k.startswith(("decoder.block.", "discriminator.")) for k in cocon_before)
+    assert all(k.startswith("decoder.block.") for k in cocon_before)
 
 
 @pytest.mark.parametrize("mask", ["aligned", "none"])
@@ -949,49 +965,42 @@ def test_checkpoint_from_before_the_prefix_states_flag_keeps_the_block_states(co
     assert torch.allclose(new_out[:, :3, : lm.size(-1)], lm[:, :3], atol=1e-5)
 
 
-def test_checkpoint_with_the_mlp_discriminator_loads_and_keeps_it(cocon_data, cocon_ckpt, tmp_path):
-    """A checkpoint saved before --cocon-disc existed holds the MLP discriminator (fc1, fc2, out; mean-pooled):
-    it loads with that discriminator and its weights and records --cocon-disc mlp; fairseq-train resumes from it
-    with the default flags (the optimizer reset: its state was made here for the CNN) and the discriminator
-    stays the MLP, learns, and is saved as such."""
+def test_checkpoint_whose_model_holds_the_discriminator_loads_and_resumes(cocon_data, cocon_ckpt, tmp_path):
+    """A checkpoint saved when the discriminator was a part of the model (``discriminator.*`` in its weights, no
+    criterion state) decodes without it, and fairseq-train resumes from it: the criterion's discriminator starts
+    afresh, learns, and is saved in the criterion's state with its own optimizer's."""
     from fairseq import checkpoint_utils
 
     data, lm = cocon_data
     state = torch.load(cocon_ckpt, weights_only=False)
-    assert state["cfg"]["model"].cocon_disc == "cnn" and "discriminator.convs.0.weight" in state["model"]
+    assert not any(k.startswith("discriminator.") for k in state["model"])
+    assert any(k.startswith("discriminator.") for k in state["criterion"])  # the criterion's own
     torch.manual_seed(8)
     mlp = HiddenStateDiscriminator(state["model"]["decoder.block.attn.q_proj.weight"].size(0), 64)
-    old = dict(state)
-    old["model"] = {k: v for k, v in state["model"].items() if not k.startswith("discriminator.")}
-    old["model"].update({"discriminator." + k: v.clone() for k, v in mlp.state_dict().items()})
-    old["cfg"]["model"] = argparse.Namespace(
-        **{k: v for k, v in vars(state["cfg"]["model"]).items() if k != "cocon_disc"}
-    )
+    old = dict(state, criterion=None)
+    old["model"] = dict(state["model"], **{"discriminator." + k: v.clone() for k, v in mlp.state_dict().items()})
     folder = tmp_path / "old"
     folder.mkdir()
     torch.save(old, folder / "checkpoint_last.pt")
     model = checkpoint_utils.load_model_ensemble([str(folder / "checkpoint_last.pt")])[0][0]
-    assert isinstance(model.discriminator, HiddenStateDiscriminator) and model.args.cocon_disc == "mlp"
-    assert set(model.state_dict()) == set(old["model"])
-    assert all(torch.equal(v, old["model"][k]) for k, v in model.state_dict().items())
+    assert set(model.state_dict()) == set(state["model"])
+    assert all(torch.equal(v, state["model"][k]) for k, v in model.state_dict().items())
     args = ["--cocon-lm-path", lm, "--cocon-cycle-start", "0", "--cocon-adv-start", "0", "--cocon-cycle-steps", "2"]
     # the fixture's lines (3-12 words) are too short for the fixed split's 10 + 20 tokens, so no row has a generated
-    # fake: the teacher-forced fake gives every row to the discriminator (with the generated one L_disc is 0 here)
+    # fake: the teacher-forced fake gives every row to the discriminator
     args += ["--cocon-adv-fake", "teacher-forced"]
     proc = train_cli(
         data, "--arch", "cocon_lm_small", *args, "--cocon-disc-update-freq", "1", "--max-update", "2",
         "--save-dir", folder, "--reset-optimizer", save=True,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    after = torch.load(folder / "checkpoint_last.pt", weights_only=False)
-    disc_keys = {k for k in after["model"] if k.startswith("discriminator.")}
-    assert disc_keys == {"discriminator." + k for k in mlp.state_dict()}
-    assert after["cfg"]["model"].cocon_disc == "mlp"
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, log
+    after = torch.load(folder / "checkpoint_last.pt", weights_only=False)
     assert after["optimizer_history"][-1]["num_updates"] == 2, log
+    assert not any(k.startswith("discriminator.") for k in after["model"])
     assert not torch.equal(after["model"]["decoder.block.fc1.weight"], old["model"]["decoder.block.fc1.weight"]), log
     assert "loss_disc" in log
-    assert not torch.equal(after["model"]["discriminator.fc1.weight"], old["model"]["discriminator.fc1.weight"]), log
+    assert after["criterion"]["discriminator._extra_state"]["adamw"]["state"], "no AdamW state saved"
 
 
 @pytest.mark.parametrize("mode", ["cocon", "lm"])
@@ -1161,7 +1170,7 @@ def test_training_step_and_decoding_steps_make_no_host_device_sync(cocon_data):
         "ntokens": batch["ntokens"],
         "net_input": {k: (v.to("meta") if torch.is_tensor(v) else v) for k, v in batch["net_input"].items()},
     }
-    model = model.to("meta").train()
+    model, crit = model.to("meta").train(), crit.to("meta")
     crit.set_update_num(0)
     loss, size, log = crit(model, meta)
     assert loss.device.type == size.device.type == log["loss_self"].device.type == "meta"

@@ -197,7 +197,7 @@ def test_training_call_with_the_aligned_mask_equals_the_authors_block():
         d_.add_symbol(f"w{i}")
     # P + C = 8 < T: with the split's jitter the content ends at T - 1, one query after it
     crit = CoConCriterion(SimpleNamespace(target_dictionary=d_), cocon_prefix_len=3, cocon_content_len=5,
-                          cocon_len_jitter=2, cocon_min_content=1)  # fmt: skip
+                          cocon_len_jitter=2, cocon_min_content=1, cocon_adv_weight=0)  # fmt: skip
     g = torch.Generator().manual_seed(1)
     B = 6
     target = torch.randint(d_.nspecial, len(d_), (B, T), generator=g)  # a window: no </s>, no padding
@@ -333,8 +333,6 @@ def test_defaults_are_the_authors(tiny_lm):
     b = normal.decoder.block
     for lin in (b.attn.q_proj, b.attn.content_k_proj, b.attn.out_proj, b.fc1, b.fc2):
         assert 0.01 < float(lin.weight.std()) < 0.03 and lin.bias.abs().max() == 0
-    disc = model.discriminator
-    assert isinstance(disc, ConvDiscriminator) and [c.out_channels for c in disc.convs] == [128] * 3
     cfg = CoConCriterionConfig()
     assert (cfg.cocon_adv_loss, cfg.cocon_split, cfg.cocon_self_mask) == ("minimax", "fixed", "aligned")
     assert (cfg.cocon_prefix_len, cfg.cocon_content_len, cfg.cocon_len_jitter) == (10, 20, 2)
@@ -343,6 +341,10 @@ def test_defaults_are_the_authors(tiny_lm):
     )  # fmt: skip
     crit = CoConCriterion(task)
     assert (crit.adv_loss, crit.split, crit.self_mask) == ("minimax", "fixed", "aligned")
+    disc = crit.discriminator.discriminator
+    assert isinstance(disc, ConvDiscriminator) and [c.out_channels for c in disc.convs] == [128] * 3
+    assert crit.cycle_detach_interval == 1  # the authors' --train_cycle_detach_interval
+    assert crit.adv_fake == "text"  # the authors' --adv_use_th_gen_output (their train_cocon.sh: the block's states)
     assert (task.cfg.cocon_sample_mode, task.cfg.cocon_window, task.cfg.cocon_fixed_len) == ("window", 30, 0)
 
 
@@ -390,7 +392,8 @@ def test_decoding_from_a_prompt_equals_the_authors_model(tiny_lm):
                     assert torch.allclose(got, want, atol=1e-5, rtol=0), (b, pos, float((got - want).abs().max()))
 
 
-def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
+@pytest.mark.parametrize("fake_side", ["text", "block"])
+def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm, fake_side):
     """Two 3-token windows x = abc, x' = def (the cycle pairs each with the other), every weight random and
     non-zero, prefix 1 and content 2 (no jitter), 2 cycle steps, every loss on, the default CNN discriminator and
     minimax loss; the block before the 1-layer LM's only layer (``--cocon-layer 0``), so that the upper layer reads
@@ -402,31 +405,36 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
     - L_null = the same without content;
     - L_cycle: q^1 = 2 soft tokens generated from </s> x'_0 with c = x_1 x_2 (each step recomputed on the whole
       sequence of soft embeddings), then -sum_{p=1,2} log p(x_p | c = q^1, no mask);
-    - L_adv = sum_b log(1 - sigmoid(D(fake_b))), fake = the block's states that generated q^1;
-      L_disc = sum_b -log sigmoid(D(real_b)) - log(1 - sigmoid(D(fake_b))), real = the LM's lower states at x^b.
+    - L_adv = sum_b log(1 - sigmoid(D(fake_b))), fake = the LM's lower states of the generated q^1 after p'
+      (``text``, the default) or the block's states that generated q^1 (``block``);
+      L_disc = sum_b -log sigmoid(D(real_b)) - log(1 - sigmoid(D(fake_b))), real = the LM's lower states of x^b's
+      tokens.
     """
     data, lm = tiny_lm
     task, model, _ = build_task_and_model(
         data, "cocon_lm", "--cocon-lm-path", lm, "--cocon-layer", "0", "--cocon-dropout", "0",
-        "--cocon-attention-dropout", "0", "--cocon-disc-dim", "4", task="cocon_generation",
+        "--cocon-attention-dropout", "0", task="cocon_generation",
     )  # fmt: skip
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.5)
-    # the discriminator's dropout (0.5, the authors') draws random masks: the comparison is made without it
-    model.discriminator.dropout = 0.0
-    model.train()
     crit = CoConCriterion(task, cocon_prefix_len=1, cocon_content_len=2, cocon_len_jitter=0, cocon_min_content=1,
                           cocon_max_content=2, cocon_cycle_steps=2, cocon_cycle_start=0, cocon_adv_start=0,
-                          cocon_disc_update_freq=1)  # fmt: skip
+                          cocon_disc_update_freq=1, cocon_disc_dim=4, cocon_adv_fake=fake_side)  # fmt: skip
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in [*model.parameters(), *crit.parameters()]:
+            p.copy_(torch.randn_like(p) * 0.5)
+    disc = crit.discriminator.discriminator
+    # the discriminator's dropout (0.5, the authors') draws random masks: the comparison is made without it
+    disc.dropout = 0.0
+    model.train()
     crit.set_update_num(0)
     d = task.target_dictionary
     eos = d.eos()
-    x = torch.tensor([[d.index(w) for w in "a b c".split()], [d.index(w) for w in "d e f".split()]])
+    # two windows of running text: x^b = x_1 x_2, whose LM states (the real side) are at positions 2 and 3 of the
+    # shifted input; x_3 is in no loss
+    x = torch.tensor([[d.index(w) for w in "a b c a".split()], [d.index(w) for w in "d e f d".split()]])
     prev = torch.cat([torch.full((2, 1), eos), x[:, :-1]], dim=1)
-    net_input = {"src_tokens": x, "src_lengths": torch.tensor([3, 3]), "prev_output_tokens": prev}
-    sample = {"id": torch.tensor([0, 1]), "nsentences": 2, "ntokens": 6, "target": x, "net_input": net_input}
+    net_input = {"src_tokens": x, "src_lengths": torch.tensor([4, 4]), "prev_output_tokens": prev}
+    sample = {"id": torch.tensor([0, 1]), "nsentences": 2, "ntokens": 8, "target": x, "net_input": net_input}
     loss, sample_size, log = crit(model, sample)
 
     dec = model.decoder
@@ -445,15 +453,15 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
         return dec.lower(toks, token_embeddings=torch.cat([emb[eos][None], *(y[None] @ emb for y in ys)])[None])[0]
 
     l_self = l_null = l_cycle = l_adv = l_disc = 0.0
-    convs = [(c.weight.detach().double(), c.bias.detach().double()) for c in model.discriminator.convs]
-    out_w = model.discriminator.out.weight.detach().double()[0]
+    convs = [(c.weight.detach().double(), c.bias.detach().double()) for c in disc.convs]
+    out_w = disc.out.weight.detach().double()[0]
     with torch.no_grad():
         for b in range(2):
             other = 1 - b  # x' of row b: the previous row, cyclically
             row = x[b].tolist()
-            h = dec.lower(prev[b : b + 1])[0]  # 3 x 1 x C
+            h = dec.lower(prev[b : b + 1])[0]  # 4 x 1 x C
             content = states_of(row[1:3])
-            hidden = torch.zeros(1, 3, 2, dtype=torch.bool)
+            hidden = torch.zeros(1, 4, 2, dtype=torch.bool)
             hidden[0, 1, 0] = hidden[0, 2, 1] = True  # query p predicts content token p - 1
             lp_self = logp(h, dec.block(h, content, None, None, content_attn_mask=hidden)[0])
             lp_null = logp(h, dec.block(h)[0])
@@ -468,12 +476,17 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
                 hs = dec.lower(toks, token_embeddings=tok_emb)[0]
                 hb = dec.block(hs, content)[0]
                 ys.append(torch.softmax(logp(hs, hb)[-1], dim=-1).float())
-                fake.append(hb[-1, 0].double())
+                fake.append(hb[-1, 0].double())  # block: the block's state that generated y_s
+            if fake_side == "text":  # the LM's own lower states of the generated tokens, after p'
+                tok_emb = torch.cat([emb[[eos, int(x[other, 0])]], *(y[None] @ emb for y in ys)])[None]
+                hs = dec.lower(torch.tensor([[eos, int(x[other, 0]), d.unk(), d.unk()]]), token_embeddings=tok_emb)[0]
+                fake = [hs[2, 0].double(), hs[3, 0].double()]
             lp_cycle = logp(h, dec.block(h, soft_states(ys)[1:])[0])
             for p in (1, 2):
                 l_cycle -= float(lp_cycle[p, row[p]])
-            # the adversarial pair: real = the LM's lower states at x^b (positions 1, 2), fake = the states above
-            z_real = ref_discriminator(convs, out_w, h[:, 0].double(), [False, True, True])
+            # the adversarial pair: real = the LM's lower states of x^b's tokens (positions 2, 3 of the shifted
+            # input), fake = the states above
+            z_real = ref_discriminator(convs, out_w, h[:, 0].double(), [False, False, True, True])
             z_fake = ref_discriminator(convs, out_w, torch.stack(fake), [True, True])
             l_adv += math.log(1 - torch.sigmoid(z_fake).item())
             l_disc += -math.log(torch.sigmoid(z_real).item()) - math.log(1 - torch.sigmoid(z_fake).item())
@@ -482,6 +495,7 @@ def test_the_four_losses_on_a_three_token_example_by_hand(tiny_lm):
                       ("loss_disc", l_disc)):  # fmt: skip
         assert float(log[key]) == pytest.approx(want, rel=1e-4, abs=1e-6), key
     assert l_adv < 0  # minimax: log(1 - D(fake)), not the non-saturating -log D(fake)
-    # the total: L_cycle per cycle token weighed as a self token, the adversarial pair per sentence
-    want = l_self + l_null + l_cycle * 4 / 4 + (4 / 2) * (l_adv + l_disc)
+    # the total: L_cycle per cycle token weighed as a self token, L_adv per sentence; L_disc is the discriminator's
+    # own loss (its own optimizer), not a part of the block's
+    want = l_self + l_null + l_cycle * 4 / 4 + (4 / 2) * l_adv
     assert float(loss) == pytest.approx(want, rel=1e-4)

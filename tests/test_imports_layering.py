@@ -27,7 +27,6 @@ LAYERS = {
     "interactive_input": 0,
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
-    "optim_utils": 1,
     "optim": 1,  # optimizers registered with fairseq (kbert_adam)
     "demo_data": 1,
     "checkpoint_average": 1,

@@ -17,27 +17,31 @@
 #       3 train the base LM (runs/lm; skipped with LM_PATH) on the token stream
 #       4 train the judge LM (runs/judge: another seed and data order, the LM's dictionary and BPE)
 #       5 train CoCon NAME on the frozen base LM (runs/NAME): 30-token windows of running text, the cycle and
-#         adversarial losses on after the authors' share of training (6.5%)
-#       6 decode (runs/NAME/gen), every system from the same prompts for FIXED_LEN tokens: the plain LM
+#         adversarial losses on from update 2,000 (the authors'), dev losses every VALIDATE_EVERY updates
+#       6 decode (runs/NAME/gen) from CHECKPOINT, every system from the same prompts for FIXED_LEN tokens: the plain LM
 #         (SET.lm.out), the LM with the content before the prompt (SET.lm-prompt.out), CoCon for each tau in TAUS
 #         (SET.tauT.out); SET = cg (CommonGen dev concept sets, prompts from a fixed list), ht5/ht10/ht20
 #         (contents of held-back sentences, prompts their first PROMPT_WORDS words)
-#       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json) and the plot PLOT
+#       7 score runs/NAME/scores.json, then the tables of every run so far (OUT/table.md, .json), the plot PLOT
+#         and the dev gap of every run over its updates (OUT/gap.json, the plot GAP_PLOT)
 #   Environment (all optional):
 #       BPE_OPS=8000 HELDOUT=600 VALID=1000 CONTENT_MODE=separate (one content per concept; 'joined': one content)
 #       PROMPT_WORDS=3
 #       LM_LAYERS=4 LM_DIM=128 LM_HEADS=4 LM_MAX_UPDATE=1500 LM_MINUTES=75 TOKENS_PER_SAMPLE=128 LM_ARGS=""
 #       JUDGE_SEED=2 JUDGE_MINUTES=LM_MINUTES
 #       NAME=cocon ARCH=cocon_lm COCON_LAYER="" (the model's default: the authors' relative depth, round(7/24 x
-#                    layers): 1 of 4) COCON_MAX_UPDATE=2000 COCON_MINUTES=60
+#                    layers): 1 of 4) COCON_MAX_UPDATE=4500 COCON_MINUTES=65 VALIDATE_EVERY=250
 #       COCON_LR: 2e-3 (5e-5, the authors', with LM_PATH) COCON_WARMUP: 200 (0 with LM_PATH)
-#       CYCLE_START, ADV_START: 6.5% of COCON_MAX_UPDATE (the authors' 2,000 of ~31,000 steps)
+#       CYCLE_START, ADV_START: the criterion's (update 2,000, the authors'); GAP=BITS: both start instead once the
+#                    dev gap L_null - L_self reaches BITS per token (--cocon-start-after-gap)
 #       SAMPLE_MODE=window (30-token windows of running text, as the authors; 'lines': each sentence line with
 #                    its </s>, from bin/sent: the earlier samples)
 #       COCON_BATCH=16 (samples per update, the authors'; each update runs the LM ~4 times)
 #       ARGS=""      more fairseq-train flags for CoCon (ablations: "--cocon-content-prev-key 1",
 #                    "--cocon-cycle-weight 0 --cocon-adv-weight 0"; see fairseq_knowgen/criterions/cocon.py)
 #       TAUS="0 2 5" DECODE="--sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1"
+#       CHECKPOINT=last (the end of training, as the authors decode; best: the lowest dev L_self + L_null, which
+#                    the cycle and adversarial losses never lower: their runs' best is from before they start)
 #       FIXED_LEN=50 (tokens after the prompt, no </s> before them, as the authors; 0: stop at </s> within
 #                    CG_LEN / HT_LEN) GEN_SEED=1 CG_LEN=32 HT_LEN=40
 #       BASELINES=1 (0: no lm/lm-prompt rows: they are the same for every NAME)  SETS="cg ht5 ht10 ht20" (stage 6)
@@ -62,17 +66,18 @@ PROMPT_WORDS=${PROMPT_WORDS:-3}
 LM_LAYERS=${LM_LAYERS:-4}; LM_DIM=${LM_DIM:-128}; LM_HEADS=${LM_HEADS:-4}; LM_MINUTES=${LM_MINUTES:-75}
 LM_MAX_UPDATE=${LM_MAX_UPDATE:-1500}; TOKENS_PER_SAMPLE=${TOKENS_PER_SAMPLE:-128}; LM_ARGS=${LM_ARGS:-}
 JUDGE_SEED=${JUDGE_SEED:-2}; JUDGE_MINUTES=${JUDGE_MINUTES:-$LM_MINUTES}
-NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-}; COCON_MINUTES=${COCON_MINUTES:-60}
-COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-2000}
+NAME=${NAME:-cocon}; ARCH=${ARCH:-cocon_lm}; COCON_LAYER=${COCON_LAYER:-}; COCON_MINUTES=${COCON_MINUTES:-65}
+COCON_MAX_UPDATE=${COCON_MAX_UPDATE:-4500}; VALIDATE_EVERY=${VALIDATE_EVERY:-250}
 LM_PATH=${LM_PATH:-}
 if [ -n "$LM_PATH" ]; then COCON_LR=${COCON_LR:-5e-5}; COCON_WARMUP=${COCON_WARMUP:-0}
 else COCON_LR=${COCON_LR:-2e-3}; COCON_WARMUP=${COCON_WARMUP:-200}; fi
-CYCLE_START=${CYCLE_START:-$((COCON_MAX_UPDATE * 65 / 1000))}; ADV_START=${ADV_START:-$CYCLE_START}
+CYCLE_START=${CYCLE_START:-}; ADV_START=${ADV_START:-$CYCLE_START}; GAP=${GAP:-}
 SAMPLE_MODE=${SAMPLE_MODE:-window}; ARGS=${ARGS:-}
 TAUS=${TAUS:-0 2 5}; DECODE=${DECODE:---sampling --sampling-topp 0.9 --sampling-topk -1 --temperature 1 --beam 1}
-FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}
+FIXED_LEN=${FIXED_LEN:-50}; GEN_SEED=${GEN_SEED:-1}; CHECKPOINT=${CHECKPOINT:-last}
 CG_LEN=${CG_LEN:-32}; HT_LEN=${HT_LEN:-40}; BASELINES=${BASELINES:-1}; SETS=${SETS:-cg ht5 ht10 ht20}
 MAX_TOKENS=${MAX_TOKENS:-4096}; COCON_BATCH=${COCON_BATCH:-16}; TRAIN_ARGS=${TRAIN_ARGS:-}; PLOT=${PLOT:-$OUT/cocon_coverage_ppl.png}
+GAP_PLOT=${GAP_PLOT:-$OUT/cocon_dev_gap.png}
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -190,6 +195,10 @@ if stage 4; then
 fi
 if stage 5; then
   layer=(); [ -z "$COCON_LAYER" ] || layer=(--cocon-layer "$COCON_LAYER")
+  schedule=()
+  [ -z "$CYCLE_START" ] || schedule+=(--cocon-cycle-start "$CYCLE_START")
+  [ -z "$ADV_START" ] || schedule+=(--cocon-adv-start "$ADV_START")
+  [ -z "$GAP" ] || schedule+=(--cocon-start-after-gap "$GAP")
   data=$OUT/bin/lm; [ "$SAMPLE_MODE" != lines ] || data=$OUT/bin/sent
   need_bin "$(basename "$data")"
   [ -n "$LM_PATH" ] || needs 3 "train the base LM" "$LM"
@@ -200,12 +209,13 @@ if stage 5; then
     optim=(--optimizer adam --adam-betas '(0.9, 0.999)' --adam-eps 1e-8 --lr-scheduler inverse_sqrt
       --warmup-updates "$COCON_WARMUP")
   fi
-  echo "== stage 5: train CoCon $NAME (--arch $ARCH ${layer[*]} $ARGS; $SAMPLE_MODE samples; cycle/adversarial" \
-    "from update $CYCLE_START/$ADV_START; $COCON_MAX_UPDATE updates, at most $COCON_MINUTES min) on $LM -> $RUN"
+  echo "== stage 5: train CoCon $NAME (--arch $ARCH ${layer[*]} ${schedule[*]} $ARGS; $SAMPLE_MODE samples;" \
+    "$COCON_MAX_UPDATE updates, at most $COCON_MINUTES min) on $LM -> $RUN"
   # shellcheck disable=SC2086
   train_logged "$RUN" "$data" --task cocon_generation --arch "$ARCH" --seed 1 --cocon-sample-mode "$SAMPLE_MODE" \
     --cocon-lm-path "$LM" "${layer[@]}" --tokens-per-sample "$TOKENS_PER_SAMPLE" \
-    --criterion cocon --cocon-cycle-start "$CYCLE_START" --cocon-adv-start "$ADV_START" \
+    --criterion cocon "${schedule[@]}" --validate-interval-updates "$VALIDATE_EVERY" \
+    --save-interval-updates "$VALIDATE_EVERY" --keep-interval-updates 1 \
     "${optim[@]}" --lr "$COCON_LR" --clip-norm 1.0 \
     --batch-size "$COCON_BATCH" --max-update "$COCON_MAX_UPDATE" --stop-time-hours "$(hours "$COCON_MINUTES")" \
     --log-interval 100 $ARGS $TRAIN_ARGS
@@ -220,7 +230,7 @@ if stage 6; then
     local subset=$1 out=$2 len=$3; shift 3
     # shellcheck disable=SC2086
     $BIN/fairseq-generate "$OUT/bin/gen" --user-dir fairseq_knowgen --task cocon_generation --gen-subset "$subset" \
-      --path "$RUN/checkpoints/checkpoint_best.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
+      --path "$RUN/checkpoints/checkpoint_$CHECKPOINT.pt" --model-overrides "{'cocon_lm_path': '$LM'}" \
       --cocon-fixed-len "$FIXED_LEN" --max-len-a 0 --max-len-b "$len" --batch-size 64 --seed "$GEN_SEED" \
       $DECODE "$@" $DEVICE_ARGS > "$out.part" 2> "$out.log" \
       || { rm -f "$out.part"; echo "fairseq-generate failed: see $out.log"; return 1; }
@@ -252,4 +262,7 @@ if stage 7; then
   $PY scripts/cocon_score.py table --scores $(ls "$OUT"/runs/*/scores.json) \
     --judge "$OUT/runs/judge/checkpoints/checkpoint_best.pt" --refs-bpe "$OUT/bpe/cg.ref.txt" \
     --out-md "$OUT/table.md" --plot "$PLOT"
+  # shellcheck disable=SC2046
+  $PY scripts/cocon_score.py gap --logs $(ls "$OUT"/runs/*/train.log | grep -v -e /lm/ -e /judge/) \
+    --json-out "$OUT/gap.json" --plot "$GAP_PLOT"
 fi

@@ -105,6 +105,7 @@ size is a tensor: a training step makes no host-device sync of its own.
 
 import functools
 import math
+from typing import Optional
 from dataclasses import dataclass, field
 
 import torch
@@ -113,12 +114,22 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..modules.cocon_discriminator import ADV_LOSSES, discriminator_losses
+from ..modules.cocon_discriminator import (
+    ADV_LOSSES,
+    DISCRIMINATORS,
+    build_discriminator,
+    discriminator_loss,
+    generator_loss,
+)
+from ..optim.discriminator_optimizer import DiscriminatorOptimizer
 
 SOFT_CHOICES = ChoiceEnum(["softmax", "gumbel"])
-ADV_FAKE_CHOICES = ChoiceEnum(["generated", "teacher-forced"])
+# "generated": the name of "block" in checkpoints saved before "text" existed
+ADV_FAKE_CHOICES = ChoiceEnum(["text", "block", "teacher-forced", "generated"])
 ADV_LOSS_CHOICES = ChoiceEnum(list(ADV_LOSSES))
 SPLIT_CHOICES = ChoiceEnum(["fixed", "uniform"])
+DISC_CHOICES = ChoiceEnum(list(DISCRIMINATORS))
+
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
 # fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
@@ -147,6 +158,14 @@ class CoConCriterionConfig(FairseqDataclass):
     )
     cocon_cycle_start: int = field(default=2000, metadata={"help": "updates before L_cycle starts (authors: 2000)"})
     cocon_adv_start: int = field(default=2000, metadata={"help": "updates before L_adv/L_disc start (authors: 2000)"})
+    cocon_start_after_gap: float = field(
+        default=0.0,
+        metadata={
+            "help": "BITS > 0: L_cycle and L_adv start instead at the first update after a validation whose dev gap "
+            "L_null - L_self reaches BITS per token (the block reads its content); 0: at --cocon-cycle-start / "
+            "--cocon-adv-start"
+        },
+    )
     cocon_cycle_steps: int = field(
         default=20, metadata={"help": "length of the soft q^1 of the cycle (authors: 20)"}
     )
@@ -154,6 +173,14 @@ class CoConCriterionConfig(FairseqDataclass):
         default="softmax", metadata={"help": "soft token fed back: softmax(o/T), or a Gumbel-softmax sample"}
     )
     cocon_cycle_temperature: float = field(default=1.0, metadata={"help": "T of the soft tokens"})
+    cocon_cycle_detach_interval: int = field(
+        default=1,
+        metadata={
+            "help": "while q^1 is generated, the lower-layer state fed back into the block is detached every N "
+            "steps (1: at every step, the authors' --train_cycle_detach_interval; 0: never, the gradient runs "
+            "through the whole generated chain)"
+        },
+    )
     cocon_cycle_sentences: int = field(
         default=16,
         metadata={
@@ -163,13 +190,32 @@ class CoConCriterionConfig(FairseqDataclass):
     )
     cocon_disc_update_freq: int = field(
         default=5,
-        metadata={"help": "the discriminator learns every K updates, and gets no optimizer step on the others"},
+        metadata={"help": "the discriminator learns every K updates (the authors' --disc_update_interval 5)"},
+    )
+    cocon_disc: Optional[DISC_CHOICES] = field(
+        default=None,
+        metadata={
+            "help": "the discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled) or mlp (a "
+            "position-wise MLP, mean-pooled); default cnn"
+        },
+    )
+    cocon_disc_dim: Optional[int] = field(
+        default=None,
+        metadata={"help": "channels per convolution (cnn) or hidden size (mlp); default 128 (cocon_lm_small: 64)"},
+    )
+    cocon_disc_lr: float = field(
+        default=0.0,
+        metadata={"help": "the discriminator's own AdamW learning rate; 0: the block's at each update (the authors')"},
+    )
+    cocon_disc_clip_norm: float = field(
+        default=1.0, metadata={"help": "the discriminator's own gradient clip (the authors': 1.0); 0: none"}
     )
     cocon_adv_fake: ADV_FAKE_CHOICES = field(
-        default="generated",
+        default="text",
         metadata={
-            "help": "the discriminator's fake side: the block's states while generating the cycle's q^1 (the "
-            "paper's), or its states on the teacher-forced text (teacher-forced)"
+            "help": "the discriminator's fake side: text (the LM's own states of the generated q^1, as the "
+            "authors' --adv_use_th_gen_output), block (the block's states while it generates q^1: the authors' "
+            "default) or teacher-forced (the block's states on the real text)"
         },
     )
     cocon_adv_loss: ADV_LOSS_CHOICES = field(
@@ -286,12 +332,18 @@ class CoConCriterion(FairseqCriterion):
         cocon_disc_weight=1.0,
         cocon_cycle_start=2000,
         cocon_adv_start=2000,
+        cocon_start_after_gap=0.0,
         cocon_cycle_steps=20,
         cocon_cycle_soft="softmax",
         cocon_cycle_temperature=1.0,
+        cocon_cycle_detach_interval=1,
         cocon_cycle_sentences=16,
         cocon_disc_update_freq=5,
-        cocon_adv_fake="generated",
+        cocon_disc=None,
+        cocon_disc_dim=None,
+        cocon_disc_lr=0.0,
+        cocon_disc_clip_norm=1.0,
+        cocon_adv_fake="text",
         cocon_adv_loss="minimax",
         cocon_split="fixed",
         cocon_prefix_len=10,
@@ -308,11 +360,16 @@ class CoConCriterion(FairseqCriterion):
         self.w_self, self.w_null, self.w_cycle = cocon_self_weight, cocon_null_weight, cocon_cycle_weight
         self.w_adv, self.w_disc = cocon_adv_weight, cocon_disc_weight
         self.cycle_start, self.adv_start = cocon_cycle_start, cocon_adv_start
+        if cocon_start_after_gap < 0:
+            raise ValueError("--cocon-start-after-gap must be >= 0 (bits per token)")
+        self.start_after_gap = float(cocon_start_after_gap)
+        self.gap_reached_at = None  # --cocon-start-after-gap: the update it was reached at (read from the model)
         self.cycle_steps = cocon_cycle_steps
         self.cycle_soft, self.cycle_temperature = str(cocon_cycle_soft), cocon_cycle_temperature
         self.cycle_sentences = max(2, cocon_cycle_sentences)
+        self.cycle_detach_interval = max(0, cocon_cycle_detach_interval)
         self.disc_update_freq = max(1, cocon_disc_update_freq)
-        self.adv_fake = str(cocon_adv_fake)
+        self.adv_fake = "block" if str(cocon_adv_fake) == "generated" else str(cocon_adv_fake)
         self.adv_loss = str(cocon_adv_loss)
         self.split = str(cocon_split)
         self.prefix_len, self.content_len, self.len_jitter = cocon_prefix_len, cocon_content_len, cocon_len_jitter
@@ -333,18 +390,65 @@ class CoConCriterion(FairseqCriterion):
         if self.min_content < 1 or self.max_content < self.min_content:
             raise ValueError("need 1 <= --cocon-min-content <= --cocon-max-content")
         self.update_num = 0
+        self.learn_discriminator = False
+        # the discriminator and its own optimizer (only when L_adv is on: a configuration builds what it uses)
+        self.discriminator = None
+        if self.w_adv:
+            dim = getattr(task, "cocon_embed_dim", None)
+            if dim is None:
+                raise ValueError("the cocon criterion needs the model's width: build the model with the task first")
+            disc = build_discriminator(str(cocon_disc or "cnn"), dim, cocon_disc_dim or 128)
+            self.discriminator = DiscriminatorOptimizer(disc, lr=cocon_disc_lr or None, clip_norm=cocon_disc_clip_norm)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """fairseq restores the criterion's state (the discriminator and its optimizer's) on resume; a checkpoint
+        saved when the discriminator was a part of the model has none: the discriminator then starts afresh."""
+        if state_dict is None:
+            return None
+        return super().load_state_dict(state_dict, strict)
+
+    def begin_update(self, update_num: int, accumulate: bool = True):
+        """Called by the ``cocon_generation`` task before each batch of update ``update_num``: the schedule counts
+        fairseq's updates; the discriminator's gradients of this update are kept unless ``accumulate`` is False (a
+        dummy batch of distributed training)."""
+        if self.discriminator is not None and int(update_num) != self.update_num:
+            self.discriminator.begin_update()
+        self.update_num = int(update_num)
+        self.learn_discriminator = accumulate and self.discriminator_learns()
 
     def set_update_num(self, update_num: int):
-        self.update_num = int(update_num)
+        self.begin_update(update_num)
 
-    def adversarial_on(self, model) -> bool:
-        """Whether L_adv (and so the discriminator) takes part in this training update."""
-        return bool(self.w_adv) and getattr(model, "discriminator", None) is not None and self.update_num >= self.adv_start
+    def adversarial_on(self) -> bool:
+        """Whether L_adv takes part in this training update."""
+        return self.discriminator is not None and self.update_num >= self.start("adv")
 
-    def discriminator_learns(self, model) -> bool:
-        """Whether the discriminator gets its loss and an optimizer step in this update (every
-        ``--cocon-disc-update-freq`` updates once L_adv is on); the task asks before stepping."""
-        return self.adversarial_on(model) and bool(self.w_disc) and self.update_num % self.disc_update_freq == 0
+    def start(self, loss: str) -> float:
+        """The first update of L_cycle (``loss`` = "cycle") or of L_adv ("adv"): the fixed ones, or with
+        ``--cocon-start-after-gap`` the update after the validation that showed the gap (never before it)."""
+        if self.start_after_gap:
+            return math.inf if self.gap_reached_at is None or self.gap_reached_at < 0 else self.gap_reached_at
+        return self.cycle_start if loss == "cycle" else self.adv_start
+
+    def read_gap_start(self, model):
+        """The update at which ``--cocon-start-after-gap``'s gap was reached, kept in the model's buffer
+        ``decoder.gap_reached_at`` (-1: not yet) so that a resumed run keeps it; read once (a host-device sync)."""
+        if self.start_after_gap and self.gap_reached_at is None:
+            self.gap_reached_at = int(model.decoder.gap_reached_at)
+
+    def gap_reached(self, model, update_num: int):
+        """Record that the dev gap reached ``--cocon-start-after-gap`` before update ``update_num``."""
+        model.decoder.gap_reached_at.fill_(update_num)
+        self.gap_reached_at = update_num
+
+    def discriminator_learns(self) -> bool:
+        """Whether the discriminator learns in this update (every ``--cocon-disc-update-freq`` updates once L_adv
+        is on)."""
+        return self.adversarial_on() and bool(self.w_disc) and self.update_num % self.disc_update_freq == 0
+
+    def step_discriminator(self, lr: float) -> bool:
+        """The discriminator's own optimizer step, after fairseq's step of the block (the task calls it)."""
+        return self.discriminator is not None and self.discriminator.step(lr)
 
     def content_width(self) -> int:
         """The widest content any split can give (host-known: spans are padded to it)."""
@@ -430,13 +534,15 @@ class CoConCriterion(FairseqCriterion):
 
     def generate_soft(self, dec, prefix_inputs, content_states, content_pad):
         """q^1 = f(p', c = q) as soft tokens (Cycle Reconstruction Loss): ``B x steps x V``
-        distributions, generated incrementally after the prefix inputs (``</s> p'``, no padding),
-        and the block's states that generated them (``B x steps x C``: at the prefix's last
-        position and at each fed-back step; the adversarial loss's fake side)."""
+        distributions, generated incrementally after the prefix inputs (``</s> p'``, no padding), and
+        the adversarial loss's fake side (``B x steps x C``): with ``--cocon-adv-fake text`` the LM's
+        lower-layer states of the generated soft tokens (their gradient reaches the block through the
+        soft tokens), with ``block`` the block's states that generated them (at the prefix's last
+        position and at each fed-back step)."""
         inc = {}
         h, _ = dec.lower(prefix_inputs, inc, new=prefix_inputs.size(1))  # the whole prefix at once
         h_block, _ = dec.block(h, content_states, content_pad, None, incremental_state=inc)
-        states = [h_block[-1:]]
+        states = [] if self.adv_fake == "text" else [h_block[-1:]]
         # Eq. 7: the LM's own states before the prefix's last token
         feats = dec.upper(dec.with_prefix_states(h, h_block, h.size(0) - 1), inc)[:, -1:]
         toks, ys = prefix_inputs, []
@@ -444,13 +550,20 @@ class CoConCriterion(FairseqCriterion):
         for s in range(self.cycle_steps):
             y = self.soft_tokens(dec.lm_logits(feats))  # B x 1 x V
             ys.append(y)
-            if s + 1 == self.cycle_steps:
+            if s + 1 == self.cycle_steps and self.adv_fake != "text":
                 break
             # the position embedding only needs a non-pad placeholder id for the soft step
             toks = torch.cat([toks, toks[:, -1:].clone().fill_(dec.lm.dictionary.unk())], dim=1)
             h, _ = dec.lower(toks, inc, token_embeddings=y @ emb)
+            if self.adv_fake == "text":
+                states.append(h)
+                if s + 1 == self.cycle_steps:
+                    break
+            if self.cycle_detach_interval and s % self.cycle_detach_interval == 0:  # the authors' cur_len % N
+                h = h.detach()  # the block reads the fed-back state; the gradient stops here
             h, _ = dec.block(h, incremental_state=inc)
-            states.append(h)
+            if self.adv_fake != "text":
+                states.append(h)
             feats = dec.upper(h, inc)
         return torch.cat(ys, dim=1), torch.cat(states, dim=0).transpose(0, 1)
 
@@ -537,40 +650,45 @@ class CoConCriterion(FairseqCriterion):
             l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
             loss = loss + self.w_null * l_null
             log["loss_null"] = l_null.detach()
-        cycle_on = training and self.w_cycle and self.update_num >= self.cycle_start
-        adv_on = training and self.adversarial_on(model)
+        if training:
+            self.read_gap_start(model)
+        cycle_on = training and self.w_cycle and self.update_num >= self.start("cycle")
+        adv_on = training and self.adversarial_on()
         cyc = None
-        if cycle_on or (adv_on and self.adv_fake == "generated"):
+        if cycle_on or (adv_on and self.adv_fake != "teacher-forced"):
             cyc = self.cycle(model, sample, h)
         if cycle_on:
             l_cycle, n_cycle = self.cycle_loss(model, cyc, pad_mask)
             # per cycle token, weighed as one self-reconstruction token
             loss = loss + self.w_cycle * l_cycle * ratio(sample_size, n_cycle)
             log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
-        disc = getattr(model, "discriminator", None)
-        disc_learns = training and self.discriminator_learns(model)
         if adv_on:
-            if self.adv_fake == "generated":
-                # real: the LM's states of the cycle sentences' x^b; fake: the block generating q^1
+            if self.adv_fake != "teacher-forced":
+                # real: the LM's states of the cycle sentences' x^b tokens, one position to the right of x^b's
+                # targets (position i of h read x_{i-1}); a window's last token has no state there and is left
+                # out. Fake: the states of the generated q^1
                 n = cyc["n"]
-                real, real_pad = h[:, :n].transpose(0, 1), ~loss_mask[:n]
+                words = loss_mask[:n] & target[:n].ne(self.eos_idx)  # x^b without the </s> L_self may count
+                real_mask = F.pad(words[:, :-1], (1, 0), value=False)
+                real, real_pad = h[:, :n].transpose(0, 1), ~real_mask
                 fake, fake_pad = cyc["fake"], None
-                rows = cyc["valid"]
+                rows = cyc["valid"] & real_mask.any(1)
             else:
                 real, real_pad = h.transpose(0, 1), ~loss_mask
                 fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
-                rows = None
-            l_disc, l_adv = discriminator_losses(disc, real, fake, real_pad, fake_pad, rows, self.adv_loss)
-            per_sentence = ratio(sample_size, B)
-            loss = loss + per_sentence * self.w_adv * l_adv
-            if disc_learns:
-                loss = loss + per_sentence * self.w_disc * l_disc
-            log["loss_adv"], log["loss_disc"] = l_adv.detach(), l_disc.detach()
-            log["nsentences_adv"] = rows.sum() if rows is not None else B
-        if training and disc is not None and not disc_learns:
-            # every parameter takes part in every update (torch DDP without find_unused_parameters); the
-            # task gives the discriminator no optimizer step in this update
-            loss = loss + 0.0 * sum(p.sum() for p in disc.parameters())
+                rows = torch.ones(B, dtype=torch.bool, device=target.device)
+            disc = self.discriminator
+            l_adv = generator_loss(disc.discriminator, fake, fake_pad, rows, self.adv_loss)
+            # weighs as w x the mean over the sentences it is computed on (the authors' BCE means)
+            loss = loss + ratio(sample_size, rows.sum()) * self.w_adv * l_adv
+            # the discriminator's own graph only where it learns (its weights' leaves: disc.weights())
+            weights = disc.weights() if self.learn_discriminator else dict(disc.discriminator.named_parameters())
+            l_disc, correct = discriminator_loss(disc.discriminator, weights, real, fake, real_pad, fake_pad, rows)
+            n_adv = rows.sum()
+            if self.learn_discriminator:
+                disc.accumulate(self.w_disc * l_disc / n_adv.clamp(min=1), weights)
+            log["loss_adv"], log["loss_disc"], log["disc_correct"] = l_adv.detach(), l_disc.detach(), correct
+            log["nsentences_adv"] = n_adv
         logging_output = {
             "loss": loss.detach(),
             "ntokens": sample["ntokens"],
@@ -600,6 +718,8 @@ class CoConCriterion(FairseqCriterion):
             n = total("nsentences_adv")
             for key in ("loss_adv", "loss_disc"):
                 metrics.log_scalar(key, ratio(total(key), n), n, round=3)
+            # real and fake sequences classified right, of 2 per sentence
+            metrics.log_scalar("disc_acc", ratio(total("disc_correct"), 2 * n), 2 * n, round=3)
         metrics.log_derived("ppl_self", lambda m: 2 ** m["loss_self"].avg if "loss_self" in m else float("nan"))
 
     @staticmethod

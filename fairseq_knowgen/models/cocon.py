@@ -28,11 +28,9 @@ Architectures ``cocon_lm`` (CoCon FFN as wide as the LM's) and ``cocon_lm_small`
   incremental search share one state per position. Under the first reading the two agree when
   x^a is empty (``--cocon-min-prefix 0`` draws such splits) and when decoding from
   the start symbol without a prompt.
-- the discriminator of the adversarial loss (:mod:`~fairseq_knowgen.modules.cocon_discriminator`,
-  ``--cocon-disc-dim``) is a part of the model so that it is checkpointed and synchronized
-  across ranks with the rest; only the ``cocon`` criterion uses it. A run without the adversarial
-  loss (``--criterion cocon --cocon-adv-weight 0``) builds none: a configuration creates only the
-  parameters it uses (fairseq's DDP).
+- the discriminator of the adversarial loss is the ``cocon`` criterion's, with its own optimizer
+  (:mod:`fairseq_knowgen.optim.discriminator_optimizer`); the model holds none. A checkpoint that
+  holds one (``discriminator.*``) loads without it.
 
 A checkpoint holds the LM's weights too; building the model (fairseq-generate) still reads
 ``--cocon-lm-path`` for the LM's configuration (``--model-overrides "{'cocon_lm_path': ...}"``
@@ -66,7 +64,6 @@ from fairseq.models import (
 from torch import Tensor
 
 from ..modules.cocon_block import CONTENT_KV, CONTENT_KV_INIT, INITS, CoConBlock
-from ..modules.cocon_discriminator import DISCRIMINATORS, HiddenStateDiscriminator, build_discriminator
 
 SEP, PROMPT = "<sep>", "<prompt>"
 PREFIX_STATES = ("lm", "block")
@@ -318,6 +315,9 @@ class CoConDecoder(FairseqIncrementalDecoder):
         self.min_new_tokens = 0
         # marks checkpoints saved since --cocon-prefix-states existed (earlier ones decoded with "block")
         self.register_buffer("cocon_version", torch.tensor(2))
+        # training state of the cocon criterion's --cocon-start-after-gap: the update at which the dev gap was reached
+        # (-1: not yet), here so that every checkpoint keeps it
+        self.register_buffer("gap_reached_at", torch.tensor(-1))
 
     # -- the LM's pieces ------------------------------------------------------------------
     def embed(
@@ -488,12 +488,11 @@ class CoConDecoder(FairseqIncrementalDecoder):
 @register_model("cocon_lm")
 class CoConModel(FairseqEncoderDecoderModel):
     """CoCon: the content encoder (LM lower layers on the content) and the CoCon decoder; see
-    the module docstring. ``discriminator``: the adversarial loss's (``cocon`` criterion)."""
+    the module docstring."""
 
-    def __init__(self, args, encoder, decoder, discriminator):
+    def __init__(self, args, encoder, decoder):
         super().__init__(encoder, decoder)
         self.args = args
-        self.discriminator = discriminator
 
     @staticmethod
     def add_args(parser):
@@ -556,15 +555,6 @@ class CoConModel(FairseqEncoderDecoderModel):
             "Eq. 7 and the authors; default) or block (the block's output at every position: this package's "
             "earlier choice, which checkpoints saved before the flag keep)",
         )
-        parser.add_argument(
-            "--cocon-disc",
-            choices=DISCRIMINATORS,
-            help="the adversarial loss's discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled; "
-            "default) or mlp (a position-wise MLP, mean-pooled: this package's first version)",
-        )
-        parser.add_argument(
-            "--cocon-disc-dim", type=int, metavar="N", help="channels per convolution (cnn) or hidden size (mlp)"
-        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -584,10 +574,7 @@ class CoConModel(FairseqEncoderDecoderModel):
             args.cocon_ffn_dim = mult * dim if mult else (lm.layers[0].fc1.out_features if n else 4 * dim)
         decoder = CoConDecoder(args, task.target_dictionary, lm)
         encoder = CoConEncoder(task.source_dictionary, decoder)
-        # the criterion's flags are in the legacy args namespace (fairseq-train and checkpoints alike)
-        adversarial = getattr(args, "cocon_adv_weight", 1.0) != 0
-        disc = build_discriminator(args.cocon_disc, dim, args.cocon_disc_dim) if adversarial else None
-        return cls(args, encoder, decoder, disc)
+        return cls(args, encoder, decoder)
 
     def forward(
         self, src_tokens, src_lengths, prev_output_tokens, content_tau=None, prompt_lengths=None, cocon_loss=None, **kwargs
@@ -628,12 +615,13 @@ class CoConModel(FairseqEncoderDecoderModel):
         if version not in state_dict:
             state_dict[version] = self.decoder.cocon_version.clone()
             self.decoder.prefix_states = self.args.cocon_prefix_states = "block"
-        # a checkpoint saved before --cocon-disc existed holds the MLP discriminator
+        gap = (name + "." if name else "") + "decoder.gap_reached_at"
+        if gap not in state_dict:
+            state_dict[gap] = torch.tensor(-1)
+        # a checkpoint whose model held the discriminator: it is the criterion's now
         disc_prefix = (name + "." if name else "") + "discriminator."
-        if disc_prefix + "fc1.weight" in state_dict and not isinstance(self.discriminator, HiddenStateDiscriminator):
-            w = state_dict[disc_prefix + "fc1.weight"]
-            self.discriminator = HiddenStateDiscriminator(w.size(1), w.size(0))
-            self.args.cocon_disc = "mlp"
+        for k in [k for k in state_dict if k.startswith(disc_prefix)]:
+            del state_dict[k]
         super().upgrade_state_dict_named(state_dict, name)
 
     def trainable_parameters(self):
@@ -659,8 +647,8 @@ def cocon_lm_architecture(args):
     args.cocon_init = getattr(args, "cocon_init", None) or "xavier"
     zi = getattr(args, "cocon_zero_init", None)
     args.cocon_zero_init = 0 if zi is None else zi
+    # the discriminator is the cocon criterion's (its config reads these from the same namespace)
     args.cocon_disc_dim = getattr(args, "cocon_disc_dim", None) or 128
-    args.cocon_disc = getattr(args, "cocon_disc", None) or "cnn"
     args.cocon_prefix_states = getattr(args, "cocon_prefix_states", None) or "lm"
     # (a checkpoint saved before the flag existed is turned to "shared" as it loads: upgrade_state_dict_named)
     args.cocon_content_kv = getattr(args, "cocon_content_kv", None) or "separate"

@@ -22,8 +22,8 @@ transformer layer (Eq. 5-7)::
     h~ = h + A W_o                       (residual)
     h' = h~ + FF(LN2(h~))                (Eq. 7, residual; FF = W_2 act(W_1 x), act the LM's own)
 
-Initialization (``init``; the paper is silent): ``xavier`` (default: Xavier-uniform projections, torch's
-own FFN start) or ``normal`` (the authors': every linear map N(0, 0.02^2), biases 0, GPT-2's
+Initialization (``init``; the paper is silent): ``xavier`` (default: Xavier-uniform weights, biases 0, the
+FFN's too) or ``normal`` (the authors': every linear map N(0, 0.02^2), biases 0, GPT-2's
 initializer for its 768-1024 wide layers). On the toy copy task of ``docs/methods/cocon.md`` (a
 32-wide block, an untrained LM, 400 updates) ``normal`` left the self/null gap at 0.0% of L_null,
 ``xavier`` reached 8.0%. Choices beyond the paper's formulas, as GPT-2
@@ -385,9 +385,8 @@ class CoConBlock(nn.Module):
         self.ffn_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
-        if init == "normal":  # (xavier: torch's own Linear initialisation, as before the flag)
-            for p in (self.fc1, self.fc2):
-                init_linear(p, init)
+        for p in (self.fc1, self.fc2):
+            init_linear(p, init)
         self.dropout = dropout
         if zero_init:
             for p in (self.attn.out_proj, self.fc2):
@@ -435,7 +434,6 @@ class CoConBlock(nn.Module):
             content_rows,
         )
         h = h + F.dropout(a, p=self.dropout, training=self.training)
-        f = self.fc2(
-            F.dropout(self.activation_fn(self.fc1(self.ffn_layer_norm(h))), p=self.dropout, training=self.training)
-        )
+        # dropout after the FFN's output projection only, as GPT-2's MLP (the authors' block)
+        f = self.fc2(self.activation_fn(self.fc1(self.ffn_layer_norm(h))))
         return h + F.dropout(f, p=self.dropout, training=self.training), w

@@ -112,38 +112,34 @@ class HiddenStateDiscriminator(nn.Module):
         return self.out(pooled).squeeze(-1)
 
 
-def discriminator_losses(
-    disc: nn.Module,
-    real: Tensor,
-    fake: Tensor,
-    real_padding_mask: Optional[Tensor] = None,
-    fake_padding_mask: Optional[Tensor] = None,
-    rows: Optional[Tensor] = None,
-    adv_loss: str = "minimax",
-):
-    """``(L_disc, L_adv)`` summed over the batch's sequences, with separated gradients:
+def discriminator_loss(disc: nn.Module, params, real: Tensor, fake: Tensor, real_padding_mask=None,
+                       fake_padding_mask=None, rows: Optional[Tensor] = None):
+    """The discriminator's side: ``L_disc = -log sigmoid(f(real)) - log(1 - sigmoid(f(fake)))`` summed over the
+    sequences (``rows``: ``B`` bool, the sequences that count), run with ``params`` (a name -> tensor dict: the
+    discriminator's own fp32 weights, :class:`~fairseq_knowgen.optim.cocon_discriminator.DiscriminatorTrainer`) on
+    the states detached and in fp32, so that its gradient reaches those weights only. Returns ``(L_disc, correct)``:
+    ``correct`` counts the sequences it classifies right (real logit > 0, fake logit < 0), real and fake together."""
+    z_real = torch.func.functional_call(disc, params, (real.detach().float(), real_padding_mask))
+    z_fake = torch.func.functional_call(disc, params, (fake.detach().float(), fake_padding_mask))
+    keep = torch.ones_like(z_real) if rows is None else rows.to(z_real.dtype)
+    loss = F.binary_cross_entropy_with_logits(z_real, torch.ones_like(z_real), reduction="none")
+    loss = loss + F.binary_cross_entropy_with_logits(z_fake, torch.zeros_like(z_fake), reduction="none")
+    correct = ((z_real > 0).to(keep.dtype) + (z_fake < 0).to(keep.dtype)) * keep
+    return (loss * keep).sum(), correct.sum().detach()
 
-    - ``L_disc`` sees detached states: its gradient reaches the discriminator only;
-    - ``L_adv`` (generator side, ``adv_loss``: ``minimax`` or ``non-saturating``, module docstring)
-      runs the discriminator with detached parameters (``torch.func.functional_call``): its gradient
-      reaches the fake states (CoCon) only.
 
-    ``real`` and ``fake`` are ``B x T x C`` and ``B x T' x C`` (their lengths may differ: real
-    text against generated steps); ``rows`` (``B`` bool) keeps only some sequences in the sums.
-    """
-    keep = None if rows is None else rows.to(real.dtype)
-
-    def bce(logits, label):
-        loss = F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, label), reduction="none")
-        return (loss if keep is None else loss * keep).sum()
-
-    l_disc = bce(disc(real.detach(), real_padding_mask), 1.0) + bce(disc(fake.detach(), fake_padding_mask), 0.0)
+def generator_loss(
+    disc: nn.Module, fake: Tensor, fake_padding_mask=None, rows: Optional[Tensor] = None, adv_loss: str = "minimax"
+) -> Tensor:
+    """CoCon's side, ``L_adv`` summed over the sequences (``adv_loss``: ``minimax`` ``log(1 - sigmoid(f(fake)))`` or
+    ``non-saturating`` ``-log sigmoid(f(fake))``; module docstring), the discriminator run with detached weights
+    (``torch.func.functional_call``) in fp32: its gradient reaches the fake states (CoCon) only."""
     frozen = {k: v.detach() for k, v in disc.named_parameters()}
-    fake_logits = torch.func.functional_call(disc, frozen, (fake, fake_padding_mask))
+    logits = torch.func.functional_call(disc, frozen, (fake.float(), fake_padding_mask))
     if adv_loss == "minimax":  # log(1 - D(fake)) = -BCE(D(fake), 0)
-        l_adv = -bce(fake_logits, 0.0)
+        loss = -F.binary_cross_entropy_with_logits(logits, torch.zeros_like(logits), reduction="none")
     elif adv_loss == "non-saturating":  # -log D(fake) = BCE(D(fake), 1)
-        l_adv = bce(fake_logits, 1.0)
+        loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="none")
     else:
         raise ValueError(f"adversarial loss {adv_loss!r}: one of {', '.join(ADV_LOSSES)}")
-    return l_disc, l_adv
+    return (loss if rows is None else loss * rows.to(loss.dtype)).sum()

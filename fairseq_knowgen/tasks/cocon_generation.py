@@ -38,12 +38,14 @@ hypothesis is cut to its own prompt + N tokens. The prompt lengths also tell the
 row's prompt ends (``net_input["prompt_lengths"]``: Eq. 7's ``dec`` reads the LM's own states
 before the prompt's last token).
 
-Training: ``train_step`` hands fairseq's ``update_num`` to the criterion (``set_update_num``), so
-that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` gives
-the discriminator no optimizer step on the updates where it does not learn
-(``--cocon-disc-update-freq``).
+Training: ``train_step`` hands fairseq's ``update_num`` to the ``cocon`` criterion (``begin_update``), so
+that ``--cocon-cycle-start`` / ``--cocon-adv-start`` count updates, and ``optimizer_step`` steps the
+criterion's discriminator with its own optimizer after fairseq's step of the block, on the updates where it
+learns (``--cocon-disc-update-freq``).
 """
 
+import logging
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -57,8 +59,9 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from ..models.cocon import PROMPT, SEP, CoConSetupError
-from ..optim_utils import no_optimizer_step
 from ..textio import DataError, read_lines
+
+logger = logging.getLogger(__name__)
 
 COCON_MODES = ChoiceEnum(["cocon", "lm"])
 SAMPLE_MODES = ChoiceEnum(["window", "lines"])
@@ -399,6 +402,8 @@ class CoConGenerationTask(FairseqTask):
         except CoConSetupError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        if hasattr(model, "decoder") and hasattr(model.decoder, "embed_dim"):
+            self.cocon_embed_dim = model.decoder.embed_dim  # the cocon criterion's discriminator reads states this wide
         if str(self.cfg.cocon_mode) == "lm" and hasattr(model, "decoder") and hasattr(model.decoder, "bypass"):
             model.decoder.bypass = True
         if hasattr(model, "decoder") and hasattr(model.decoder, "min_new_tokens"):
@@ -406,21 +411,48 @@ class CoConGenerationTask(FairseqTask):
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if hasattr(criterion, "set_update_num"):
-            criterion.set_update_num(update_num)
-        learns = getattr(criterion, "discriminator_learns", None)
-        self._discriminator_learns = learns(unwrap(model)) if learns is not None else True
+        self._criterion = criterion
+        if hasattr(criterion, "begin_update"):
+            criterion.begin_update(update_num, accumulate=not ignore_grad)
+            self.check_gap(unwrap(model), criterion, update_num)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, log = super().valid_step(sample, model, criterion)
+        if getattr(criterion, "start_after_gap", 0) and "loss_null" in log:
+            sums = torch.stack([torch.as_tensor(log[k], dtype=torch.double) for k in ("loss_self", "loss_null")]
+                               + [torch.as_tensor(sample_size, dtype=torch.double)]).cpu()
+            self._valid_sums = sums if getattr(self, "_valid_sums", None) is None else self._valid_sums + sums
+        return loss, sample_size, log
+
+    def check_gap(self, model, criterion, update_num):
+        """``--cocon-start-after-gap``: after a validation, the dev gap (L_null - L_self, bits per token, summed
+        over the data-parallel ranks) decides whether the cycle and adversarial losses start at this update."""
+        sums = getattr(self, "_valid_sums", None)
+        if sums is None or not criterion.start_after_gap:
+            return
+        self._valid_sums = None
+        criterion.read_gap_start(model)
+        if criterion.gap_reached_at is not None and criterion.gap_reached_at >= 0:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from fairseq.distributed import utils as distributed_utils
+
+            sums = sums.to(next(model.parameters()).device)
+            distributed_utils.all_reduce(sums, group=distributed_utils.get_data_parallel_group())
+        l_self, l_null, size = sums.tolist()
+        gap = (l_null - l_self) / max(size, 1.0) / math.log(2)
+        if gap >= criterion.start_after_gap:
+            criterion.gap_reached(model, update_num)
+            logger.info(f"dev gap {gap:.3f} bits >= {criterion.start_after_gap}: cycle and adversarial losses from "
+                        f"update {update_num}")
+
     def optimizer_step(self, optimizer, model, update_num):
-        """fairseq's step, except that on updates where the ``cocon`` criterion gives the
-        discriminator no loss (``--cocon-disc-update-freq``, before ``--cocon-adv-start``) its
-        parameters and optimizer state stay exactly as they are."""
-        disc = getattr(unwrap(model), "discriminator", None)
-        if disc is None or getattr(self, "_discriminator_learns", True):
-            return optimizer.step()
-        with no_optimizer_step(disc.parameters(), optimizer):
-            optimizer.step()
+        """fairseq's step of the block, then the ``cocon`` criterion's discriminator's own step (where it learns)."""
+        optimizer.step()
+        criterion = getattr(self, "_criterion", None)
+        if hasattr(criterion, "step_discriminator"):
+            criterion.step_discriminator(optimizer.get_lr())
 
     def conditioned_sample(self, sample):
         """Split every source row into its contents (the encoder's input) and its prompt

@@ -16,7 +16,6 @@ from helpers import build_task_and_model, decode_full_and_stepwise, first_batch
 from fairseq_knowgen.criterions.cocon import CoConCriterion, sample_fixed_splits, sample_splits, span_mask
 from fairseq_knowgen.modules.cocon_block import CoConAttention, CoConBlock
 from fairseq_knowgen.modules.cocon_discriminator import (
-    ConvDiscriminator,
     HiddenStateDiscriminator,
     build_discriminator,
     discriminator_loss,
@@ -523,15 +522,15 @@ def test_cycle_loss_reaches_the_block_through_both_passes(cocon_data):
     batch = first_batch(task)
     dec = model.decoder
     target, prev = batch["target"], batch["net_input"]["prev_output_tokens"]
-    h, pad = dec.lower(prev)
+    h, _ = dec.lower(prev)
     crit.cycle_split = lambda T: (2, 32)  # a split every sentence of the batch can take
-    loss, n = crit.cycle_loss(model, crit.cycle(model, batch, h), pad)
+    loss, n = crit.cycle_loss(model, crit.cycle(model, batch, h))
     loss.backward()
     assert n > 0 and loss > 0
     # --cocon-cycle-sentences 2: the first two sentences only
     crit2 = CoConCriterion(task, cocon_cycle_steps=3, cocon_cycle_sentences=2, cocon_min_content=1)
     crit2.cycle_split = crit.cycle_split
-    _, n2 = crit2.cycle_loss(model, crit2.cycle(model, batch, h.detach()), pad)
+    _, n2 = crit2.cycle_loss(model, crit2.cycle(model, batch, h.detach()))
     assert 0 < n2 <= int(target[:2].ne(1).sum()) < n
     grads = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
     assert all(grads[k] is not None and grads[k].abs().sum() > 0 for k in grads if k.startswith("decoder.block."))
@@ -601,8 +600,8 @@ def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_d
     crit.cycle_split = lambda T: (tc, crit.max_content)
     sub = {"target": target, "net_input": {"prev_output_tokens": prev}}
     with torch.no_grad():
-        h, pad = dec.lower(prev)
-        got, n = crit.cycle_loss(model, crit.cycle(model, sub, h), pad)
+        h, _ = dec.lower(prev)
+        got, n = crit.cycle_loss(model, crit.cycle(model, sub, h))
         want, count = 0.0, 0
         emb = dec.lm.embed_tokens.weight
         for b in range(4):
@@ -622,7 +621,7 @@ def test_cycle_generates_q1_from_the_other_prefix_and_reconstructs_own_q(cocon_d
     # pairing rows with themselves (x' = x) gives another loss: the pairing above is what was checked
     monkeypatch.setattr(torch, "roll", lambda x, *a, **k: x)
     with torch.no_grad():
-        same, _ = crit.cycle_loss(model, crit.cycle(model, sub, h), pad)
+        same, _ = crit.cycle_loss(model, crit.cycle(model, sub, h))
     assert abs(float(same) - want) > 1e-2 * abs(want)
 
 

@@ -1,106 +1,27 @@
-"""``cocon``: the four self-supervised losses of CoCon (Chan et al., "CoCon: A Self-Supervised Approach for
-Controlled Text Generation", ICLR 2021, Section 3.1), each weighted by a flag and logged on its own::
+"""``cocon``: CoCon's training loss (Chan et al., "CoCon: A Self-Supervised Approach for Controlled Text
+Generation", ICLR 2021, Section 3.1, "Full Training": "the four losses combined")::
 
-    L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv (+ w_disc L_disc)
+    L = w_self L_self + w_null L_null + w_cycle L_cycle + w_adv L_adv          (the block's loss)
+    L_disc                                                                     (the discriminator's own)
 
-(Section 3.1, "Full Training": "the four losses combined"). The seed text numbers equations up to
-Eq. 7 (Section 3) and displays none of Section 3.1, so the losses are cited by their paragraph.
+- ``self_loss``: L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i), the content x^b cut from the sentence
+  itself ("Self Reconstruction Loss"); the step predicting x^b_j does not see content column j;
+- ``null_loss``: L_null, the same positions with no content ("Null Content Loss");
+- ``cycle_loss``: L_cycle = -sum_{i in q} log p(q_i | c = q^1, p), q^1 = f(p', c = q) generated as soft tokens
+  from another sentence's prefix p' ("Cycle Reconstruction Loss"), from update ``--cocon-cycle-start``;
+- ``adversarial_losses``: L_adv = mean log(1 - D(fake)) for the block and L_disc = mean BCE(D(real), 1) +
+  BCE(D(fake), 0) for the discriminator D ("Adversarial Loss"), fake = the LM's states of q^1, real = those of
+  x^b, from update ``--cocon-adv-start``; D learns with its own optimizer every ``--cocon-disc-update-freq``
+  updates (:class:`~fairseq_knowgen.optim.discriminator_optimizer.DiscriminatorOptimizer`).
 
-For ``--arch cocon_lm`` with ``--task cocon_generation``. A sentence is ``x = x_1 .. x_n </s>``.
+The block's output reaches the frozen LM's upper layers as Eq. 7 writes it (the LM's own states before the
+prefix's last token). Splits, masks and the cycle's sentences: ``docs/methods/cocon.md`` ("The losses"). Every
+loss is summed over its tokens (or sentences) and weighed as a mean per self-reconstruction token; validation's
+loss is L_self + L_null. The schedule counts fairseq's updates (the task calls :meth:`CoConCriterion.begin_update`).
 
-- **Split** (``L_self``, ``L_null``, ``L_adv``'s real side), ``--cocon-split``:
-
-  - ``fixed`` (default; the authors' scheme, ``traininfer_cocon.py`` with ``train_cocon.sh``'s
-    ``--min/max_hs_tis_split_offset -2/2``): per sentence an offset d ~ Uniform{-J, .., J}
-    (J = ``--cocon-len-jitter``), the prefix x^a = x_1..x_t with t = P + d and the content x^b =
-    x_{t+1}..x_{t+m} with m = C - d (P = ``--cocon-prefix-len``, C = ``--cocon-content-len``), so
-    that the distance from a step to its content column is nearly constant and position can guide
-    the lookup. A sentence shorter than t + ``--cocon-min-content`` gets a shorter prefix (t =
-    n - min_content, at least 0); m is cut at the sentence end and at ``--cocon-max-content``.
-    L_self and L_null are computed on x^b (and ``</s>`` when x^b reaches the end), as the authors
-    compute them on the transformed span only. (The authors draw d once per batch; here once per
-    sentence, which needs no padding either.)
-  - ``uniform`` (this package's first version): t ~ Uniform{a, .., n - m} with a =
-    ``--cocon-min-prefix`` (x^a may be empty, as when decoding from the start symbol) and m =
-    ``--cocon-min-content``; x^b = x_{t+1}..x_n </s>, all of it in the losses; the content is x^b
-    without ``</s>`` cut at ``--cocon-max-content`` tokens (its first ones). Only induction-like
-    matching tells a step which column to read: in a toy probe (see
-    :mod:`fairseq_knowgen.modules.cocon_block`) the self/null gap fell from 0.96 (fixed) to 0.18.
-
-  Split points are drawn on the model's device (no host-device sync); validation draws them from
-  a generator seeded by the batch, so that every validation sees the same splits.
-- **Self-reconstruction** ("Self Reconstruction Loss": "c = x^b, and what is generated is x^b
-  itself"): ``L_self = -sum_{i in x^b} log p(x_i | c = x^b, x_<i)``. Which content columns a
-  step sees is ``--cocon-self-mask`` (the paper's "content masking", named in its introduction;
-  the seed text gives no details):
-
-  - ``aligned`` (default; the authors' ``--self_token_mask_prob 1``): the step predicting x^b_j
-    does not see content position j in the block (its column gets -inf), so the block cannot
-    just copy the token it is asked for. This hides column j *at the block only*: content states
-    come from the LM run on c alone, causally, so later columns j' > j still carry c_j, and the
-    frozen upper layers read h' of the earlier positions, which did see column j (perturbing
-    column j moves that step's logits). What the mask removes is the direct path from the target
-    token's own column to its prediction.
-  - ``random``: each content column of a sentence is hidden from all its steps with probability
-    ``--cocon-self-mask-prob`` (at least one column stays visible), so the aligned column is seen
-    in part of the sentences (copying is rewarded) and missing in the others (the block also
-    learns to generate without it).
-  - ``none``: every step sees the whole content.
-
-  (``1``/``0`` are read as ``aligned``/``none``: checkpoints of earlier versions.)
-- **Null content** ("Null Content Loss", c = null): the same positions with c = nothing: the block
-  attends over the causal self part only (no content keys at all).
-- **Cycle reconstruction** ("Cycle Reconstruction Loss": q^1 = f(p', c = q), q^2 = f(p, q^1), q^2
-  trained towards q), from ``--cocon-cycle-start`` updates on (default 2,000, the authors'): with
-  one split t_c for the batch (so prefixes need no padding; drawn on the host from the shapes
-  alone: P + d for ``fixed``, shortened to leave ``--cocon-min-content`` tokens in the batch's
-  padded width, uniform over that width for ``uniform``), x = [p; q] and x' =
-  [p'; q'] (x' = the previous sentence of the batch, cyclically: row b takes p' from row b - 1; on
-  the batch's first ``--cocon-cycle-sentences`` sentences only, as its cost grows with sentences x
-  vocabulary; rows too short for t_c, or whose p' is, take no part), q^1 = f(p', c = q) is
-  generated for ``--cocon-cycle-steps`` steps (default 20, the authors') as *soft* tokens: step s
-  feeds back y_s = softmax(o_s / T) (``--cocon-cycle-soft softmax``, T =
-  ``--cocon-cycle-temperature``) or a Gumbel-softmax sample (``gumbel``) through the embedding
-  matrix (y_s E), incrementally; then ``L_cycle = -sum_{i in q} log p(q_i | c = q^1, p, q_<i)``,
-  the content q^1 entering as the soft embeddings y E. Its gradient reaches the CoCon block
-  through both passes (the frozen LM only passes it on).
-- **Adversarial** ("Adversarial Loss": "make the generated text closer to real text"), from
-  ``--cocon-adv-start`` updates on (default 2,000): the discriminator
-  (:mod:`~fairseq_knowgen.modules.cocon_discriminator`, in the model) tells the frozen LM's
-  lower-layer states of real text (the x^b positions of the cycle's sentences: "real") from
-  the CoCon block's states while it generates the cycle's q^1 ("fake", ``--cocon-adv-fake
-  generated``, the paper's and the authors' choice; q^1 is generated whenever L_adv is on, even
-  with L_cycle off). ``--cocon-adv-fake teacher-forced`` takes instead the block's states of the
-  x^b positions in the self-reconstruction pass (this package's first version: the
-  discriminator's only signal is then h' - h, so L_adv penalises exactly the use of content).
-  ``L_disc`` (weight ``--cocon-disc-weight``) reaches only the discriminator (detached states);
-  ``L_adv`` (non-saturating, weight ``--cocon-adv-weight``) reaches only CoCon (discriminator run
-  with detached parameters). Schedule: the discriminator learns every ``--cocon-disc-update-freq``
-  updates (default 5, the authors' ``--disc_update_interval``), by the same fairseq optimizer as
-  the block (same optimizer kind and lr schedule, and so the same DDP all-reduce), on its own
-  loss only; on the other updates it gets no optimizer step at all (the ``cocon_generation``
-  task's ``optimizer_step`` holds its parameters and optimizer state, see
-  :func:`fairseq_knowgen.optim_utils.no_optimizer_step`), and L_adv still trains the block. Both
-  adversarial losses are means over sentences, scaled by tokens per sentence so that after
-  fairseq's division by the sample size they weigh as w x mean BCE.
-- **Content bag-of-words** (beyond the paper, off by default: ``--cocon-bow-weight``): on the
-  self-reconstruction pass, each step predicting x^b_j also gets
-  ``-log sum_{w in bag_j} p(w | c = x^b, x_<i)``, bag_j = the distinct tokens of the content
-  columns k >= j that the step may see (the aligned mask hides k = j, so then k > j; padding and
-  ``</s>`` excluded; a step with an empty bag adds nothing). It rewards putting mass on *any*
-  content token not yet reached, which needs the content but no alignment: a block that reads its
-  content uniformly and copies token identities lowers it, without the induction-like matching
-  (which column follows the current token?) that L_self asks for. After the bag-of-words
-  objective of PPLM (Dathathri et al., 2020), which the paper compares against; here a training
-  loss, not a decoding-time update. Logged as ``loss_bow`` (bits per step with a bag); it is
-  summed over those steps and divided by fairseq's sample size (every x^b step), so its weight
-  per step with a bag grows with the share of such steps.
-
-Validation's loss is L_self + L_null only (checkpoints are picked by the paper's losses; L_bow is
-logged there too when weighted). Counting is by fairseq's ``update_num`` (the task's
-``train_step`` calls :meth:`CoConCriterion.set_update_num`), never by steps within an epoch.
-The losses are logged as tensors (fairseq reads them at its logging interval) and the sample
-size is a tensor: a training step makes no host-device sync of its own.
+``forward`` hands :meth:`CoConCriterion.compute` to the model, which calls it inside its own ``forward``: torch's
+DistributedDataParallel synchronizes the gradients of what ran inside the wrapped model's forward only, and the
+losses call the model's parts several times.
 """
 
 import functools
@@ -132,7 +53,7 @@ DISC_CHOICES = ChoiceEnum(list(DISCRIMINATORS))
 
 SELF_MASKS = ("aligned", "random", "none")
 LEGACY_SELF_MASKS = {"1": "aligned", "0": "none"}
-# fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": earlier versions' values
+# fairseq's argparse refuses any other value on the command line (exit 2); "1"/"0": older checkpoints' values
 SELF_MASK_CHOICES = ChoiceEnum([*SELF_MASKS, *LEGACY_SELF_MASKS])
 
 
@@ -600,14 +521,61 @@ class CoConCriterion(FairseqCriterion):
         mask = span_mask(T, torch.full_like(n_words, tc), q_len, n_words) & valid[:, None]
         return {"n": n, "q1": q1, "fake": fake, "mask": mask, "valid": valid, "h": h[:, :n], "target": target, "tc": tc}
 
-    def cycle_loss(self, model, cyc, pad_mask):
+    def self_loss(self, dec, h, target, t, m, loss_mask, generator):
+        """L_self summed over x^b; with ``--cocon-bow-weight`` the content bag-of-words loss of the same pass (else
+        None); the block's states of that pass (Eq. 7 applied); the log."""
+        content, c_states, c_pad, qmask = self.self_content(dec, target, t, m, generator)
+        h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
+        h_self = dec.with_prefix_states(h, h_self, t)  # Eq. 7: the LM's own states before x^a's last token
+        logits = self.logits(dec, h_self, None)
+        l_self = self.nll(dec, h_self, None, target, loss_mask, logits=logits)
+        log, l_bow = {"loss_self": l_self.detach()}, None
+        if self.w_bow:
+            l_bow, n_bow = self.bow_loss(logits, content, t, qmask, loss_mask)
+            log["loss_bow"], log["ntokens_bow"] = l_bow.detach(), n_bow
+        return l_self, l_bow, h_self, log
+
+    def null_loss(self, dec, h, target, t, loss_mask):
+        """L_null summed over x^b: the block with no content keys."""
+        h_null, _ = dec.block(h)
+        return self.nll(dec, dec.with_prefix_states(h, h_null, t), None, target, loss_mask)
+
+    def cycle_loss(self, model, cyc):
         """L_cycle (q^2 = f(p, c = q^1) trained towards q) summed over the cycle's tokens, and their number."""
         dec = model.decoder
         c1, _ = dec.encode_contents(None, cyc["target"].device, soft=cyc["q1"] @ dec.lm.embed_tokens.weight)
         h2, _ = dec.block(cyc["h"], c1.transpose(0, 1))
         h2 = dec.with_prefix_states(cyc["h"], h2, cyc["tc"])
-        pad_mask = pad_mask[: cyc["n"]] if pad_mask is not None else None
-        return self.nll(dec, h2, pad_mask, cyc["target"], cyc["mask"]), cyc["mask"].sum()
+        return self.nll(dec, h2, None, cyc["target"], cyc["mask"]), cyc["mask"].sum()
+
+    def adversarial_losses(self, h, h_self, cyc, target, loss_mask, log):
+        """L_adv summed over the sentences it is computed on, and their number; L_disc's gradient goes to the
+        discriminator's own optimizer (where it learns in this update). Logs both, and D's right answers."""
+        if self.adv_fake != "teacher-forced":
+            # real: the LM's states of the cycle sentences' x^b tokens, one position to the right of x^b's
+            # targets (position i of h read x_{i-1}); a window's last token has no state there and is left
+            # out. Fake: the states of the generated q^1
+            n = cyc["n"]
+            words = loss_mask[:n] & target[:n].ne(self.eos_idx)  # x^b without the </s> L_self may count
+            real_mask = F.pad(words[:, :-1], (1, 0), value=False)
+            real, real_pad = h[:, :n].transpose(0, 1), ~real_mask
+            fake, fake_pad = cyc["fake"], None
+            rows = cyc["valid"] & real_mask.any(1)
+        else:
+            real, real_pad = h.transpose(0, 1), ~loss_mask
+            fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
+            rows = torch.ones(target.size(0), dtype=torch.bool, device=target.device)
+        disc = self.discriminator
+        l_adv = generator_loss(disc.discriminator, fake, fake_pad, rows, self.adv_loss)
+        # the discriminator's own graph only where it learns (its weights' leaves: disc.weights())
+        weights = disc.weights() if self.learn_discriminator else dict(disc.discriminator.named_parameters())
+        l_disc, correct = discriminator_loss(disc.discriminator, weights, real, fake, real_pad, fake_pad, rows)
+        n_adv = rows.sum()
+        if self.learn_discriminator:
+            disc.accumulate(self.w_disc * l_disc / n_adv.clamp(min=1), weights)
+        log["loss_adv"], log["loss_disc"], log["disc_correct"] = l_adv.detach(), l_disc.detach(), correct
+        log["nsentences_adv"] = n_adv
+        return l_adv, n_adv
 
     def forward(self, model, sample, reduce=True):
         """All four losses inside one call of the model's ``forward`` (``cocon_loss``): torch's
@@ -631,23 +599,12 @@ class CoConCriterion(FairseqCriterion):
         # T x B x C, the frozen LM's lower states; the rows are right-padded, so under the causal mask no real
         # position sees padding: no padding mask in the LM's layers (the losses only count real positions)
         h, _ = dec.lower(prev, padding_mask=False)
-        pad_mask = None
-        content, c_states, c_pad, qmask = self.self_content(dec, target, t, m, gen)
-        h_self, _ = dec.block(h, c_states, c_pad, None, content_attn_mask=qmask)
-        h_self = dec.with_prefix_states(h, h_self, t)  # Eq. 7: the LM's own states before x^a's last token
-        self_logits = self.logits(dec, h_self, pad_mask)
-        l_self = self.nll(dec, h_self, pad_mask, target, loss_mask, logits=self_logits)
+        l_self, l_bow, h_self, log = self.self_loss(dec, h, target, t, m, loss_mask, gen)
         loss = self.w_self * l_self
-        log = {"loss_self": l_self.detach()}
-        if self.w_bow:
-            l_bow, n_bow = self.bow_loss(self_logits, content, t, qmask, loss_mask)
-            if training:  # validation's loss (checkpoint selection) stays the paper's, whatever the weight
-                loss = loss + self.w_bow * l_bow
-            log["loss_bow"], log["ntokens_bow"] = l_bow.detach(), n_bow
+        if l_bow is not None and training:  # validation's loss (checkpoint selection) stays the paper's
+            loss = loss + self.w_bow * l_bow
         if self.w_null:
-            h_null, _ = dec.block(h)
-            h_null = dec.with_prefix_states(h, h_null, t)
-            l_null = self.nll(dec, h_null, pad_mask, target, loss_mask)
+            l_null = self.null_loss(dec, h, target, t, loss_mask)
             loss = loss + self.w_null * l_null
             log["loss_null"] = l_null.detach()
         if training:
@@ -658,37 +615,14 @@ class CoConCriterion(FairseqCriterion):
         if cycle_on or (adv_on and self.adv_fake != "teacher-forced"):
             cyc = self.cycle(model, sample, h)
         if cycle_on:
-            l_cycle, n_cycle = self.cycle_loss(model, cyc, pad_mask)
+            l_cycle, n_cycle = self.cycle_loss(model, cyc)
             # per cycle token, weighed as one self-reconstruction token
             loss = loss + self.w_cycle * l_cycle * ratio(sample_size, n_cycle)
             log["loss_cycle"], log["ntokens_cycle"] = l_cycle.detach(), n_cycle
         if adv_on:
-            if self.adv_fake != "teacher-forced":
-                # real: the LM's states of the cycle sentences' x^b tokens, one position to the right of x^b's
-                # targets (position i of h read x_{i-1}); a window's last token has no state there and is left
-                # out. Fake: the states of the generated q^1
-                n = cyc["n"]
-                words = loss_mask[:n] & target[:n].ne(self.eos_idx)  # x^b without the </s> L_self may count
-                real_mask = F.pad(words[:, :-1], (1, 0), value=False)
-                real, real_pad = h[:, :n].transpose(0, 1), ~real_mask
-                fake, fake_pad = cyc["fake"], None
-                rows = cyc["valid"] & real_mask.any(1)
-            else:
-                real, real_pad = h.transpose(0, 1), ~loss_mask
-                fake, fake_pad = h_self.transpose(0, 1), ~loss_mask
-                rows = torch.ones(B, dtype=torch.bool, device=target.device)
-            disc = self.discriminator
-            l_adv = generator_loss(disc.discriminator, fake, fake_pad, rows, self.adv_loss)
+            l_adv, n_adv = self.adversarial_losses(h, h_self, cyc, target, loss_mask, log)
             # weighs as w x the mean over the sentences it is computed on (the authors' BCE means)
-            loss = loss + ratio(sample_size, rows.sum()) * self.w_adv * l_adv
-            # the discriminator's own graph only where it learns (its weights' leaves: disc.weights())
-            weights = disc.weights() if self.learn_discriminator else dict(disc.discriminator.named_parameters())
-            l_disc, correct = discriminator_loss(disc.discriminator, weights, real, fake, real_pad, fake_pad, rows)
-            n_adv = rows.sum()
-            if self.learn_discriminator:
-                disc.accumulate(self.w_disc * l_disc / n_adv.clamp(min=1), weights)
-            log["loss_adv"], log["loss_disc"], log["disc_correct"] = l_adv.detach(), l_disc.detach(), correct
-            log["nsentences_adv"] = n_adv
+            loss = loss + ratio(sample_size, n_adv) * self.w_adv * l_adv
         logging_output = {
             "loss": loss.detach(),
             "ntokens": sample["ntokens"],

@@ -113,16 +113,18 @@ class CoConCriterionConfig(FairseqDataclass):
         default=5,
         metadata={"help": "the discriminator learns every K updates (the authors' --disc_update_interval 5)"},
     )
-    cocon_disc: Optional[DISC_CHOICES] = field(
-        default=None,
+    cocon_disc: DISC_CHOICES = field(
+        default="cnn",
         metadata={
             "help": "the discriminator: cnn (the authors': convolutions of widths 1-3, max-pooled) or mlp (a "
-            "position-wise MLP, mean-pooled); default cnn"
+            "position-wise MLP, mean-pooled)"
         },
     )
     cocon_disc_dim: Optional[int] = field(
         default=None,
-        metadata={"help": "channels per convolution (cnn) or hidden size (mlp); default 128 (cocon_lm_small: 64)"},
+        metadata={
+            "help": "channels per convolution (cnn) or hidden size (mlp); unset: the arch's, 128 (cocon_lm_small: 64)"
+        },
     )
     cocon_disc_lr: float = field(
         default=0.0,
@@ -295,7 +297,9 @@ class CoConCriterion(FairseqCriterion):
         self.split = str(cocon_split)
         self.prefix_len, self.content_len, self.len_jitter = cocon_prefix_len, cocon_content_len, cocon_len_jitter
         if self.split == "fixed" and not (0 <= self.len_jitter < self.content_len and self.len_jitter <= self.prefix_len):
-            raise ValueError("--cocon-split fixed needs 0 <= --cocon-len-jitter < --cocon-content-len and <= --cocon-prefix-len")
+            raise ValueError(
+                "--cocon-split fixed needs 0 <= --cocon-len-jitter < --cocon-content-len and <= --cocon-prefix-len"
+            )
         mode = LEGACY_SELF_MASKS.get(str(cocon_self_mask), str(cocon_self_mask))
         if mode not in SELF_MASKS:
             raise ValueError(f"--cocon-self-mask {cocon_self_mask!r}: choose one of {', '.join(SELF_MASKS)}")

@@ -33,7 +33,6 @@ LAYERS = {
     "models": 3,
     "criterions": 4,
     "tasks": 4,
-    "benchmarking": 5,
     "user_dir": 5,
     "<package>": 5,
 }

@@ -15,9 +15,8 @@ wrapped ``LanguagePairDataset``, whose collater :class:`EKIDataset` calls).
 
 Model hyper-parameters are the model's alone: the task has no copy of ``--eki-max-distance``
 (distances leave the data unclipped and the model clamps them at the bound its checkpoint
-saved). Checkpoints of older versions, whose task config still holds ``eki_max_distance``,
-load as before (fairseq drops task keys it does not know when it sets a task up from a
-checkpoint).
+saved). A checkpoint whose task config holds ``eki_max_distance`` loads unchanged (fairseq drops
+task keys it does not know when it sets a task up from a checkpoint).
 
 ``fairseq-interactive`` (raw text)::
 

@@ -2,25 +2,25 @@
 
 Importing this package (``--user-dir fairseq_knowgen``) registers every model,
 architecture, criterion and task it defines with fairseq, and lets torch's weights-only
-loader read fairseq checkpoints (see :mod:`fairseq_knowgen.checkpoint_compat`). Where torch is
-not imported yet, that happens right after its first import (:mod:`fairseq_knowgen.deferred_registration`),
+loader read fairseq checkpoints (see :mod:`fairseq_knowgen.compat.checkpoint_compat`). Where torch is
+not imported yet, that happens right after its first import (:mod:`fairseq_knowgen.compat.deferred_registration`),
 so the text tools that never import torch start in a fraction of a second.
 """
 
 import importlib
 
-from .deferred_registration import register_once_torch_is_imported
+from .compat.deferred_registration import register_once_torch_is_imported
 
 
 def _register_with_fairseq():
-    from . import checkpoint_compat  # noqa: F401  (must run before any checkpoint is read)
-    from . import exact_resume  # noqa: F401  (a resumed run trains on the batches of an uninterrupted one)
-    from . import clean_exit  # noqa: F401  (no abort at exit from fairseq's prefetch thread)
+    from .compat import checkpoint_compat  # noqa: F401  (must run before any checkpoint is read)
+    from .compat import exact_resume  # noqa: F401  (a resumed run trains on the batches of an uninterrupted one)
+    from .compat import clean_exit  # noqa: F401  (no abort at exit from fairseq's prefetch thread)
     from . import criterions, models, tasks  # noqa: F401
 
 
 # now when torch is imported (fairseq-train imports fairseq first), else right after torch's first import (by
-# fairseq, a converter, a test); the text tools that never import torch start fast (see deferred_registration)
+# fairseq, a converter, a test); the text tools that never import torch start fast (see compat.deferred_registration)
 register_once_torch_is_imported(__name__, _register_with_fairseq)
 
 

@@ -21,7 +21,7 @@ averaged model and without the optimizer state (decoding does not need it; resum
 average is not meant). It is written to a temporary file and renamed, so a failed run leaves
 an earlier output as it was. Fewer than N distinct checkpoints, a checkpoint without
 ``num_updates``, one that cannot be read (missing, truncated, not a checkpoint, refused by
-weights-only loading: :func:`fairseq_knowgen.checkpoint_compat.read_checkpoint`), with other
+weights-only loading: :func:`fairseq_knowgen.compat.checkpoint_compat.read_checkpoint`), with other
 parameter names or shapes, or an output that cannot be written: ``error: FILE: ...`` and exit 2.
 """
 
@@ -33,7 +33,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .checkpoint_compat import read_checkpoint
+from .compat.checkpoint_compat import read_checkpoint
 from .textio import DataError, atomic_write, check_writable, cli_entry
 
 # checkpointEPOCH.pt and checkpoint_EPOCH_UPDATES.pt (fairseq-train --save-interval-updates)

@@ -11,7 +11,7 @@ another profiled arch), interleaved, and print one final JSON line of ratios (ar
     python scripts/benchmark.py --arch eki_transformer+copy --quick --vocab 8000   # a real-size vocabulary
 
 ``--arch BASE+METHOD[+METHOD]`` measures a composed configuration (the methods switched on by
-flags, see ``fairseq_knowgen.benchmarking``) against BASE, the same model with them off.
+flags, see ``benchmarks/profiles.py``) against BASE, the same model with them off.
 
 Synthetic data (the built-in triples-to-text set) unless ``--data`` names a binarized
 fairseq data directory with ``train`` and ``valid`` splits, or a folder of real data sets in
@@ -39,7 +39,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from fairseq_knowgen import benchmarking  # noqa: E402
+from benchmarks import harness as benchmarking  # noqa: E402
 
 
 def get_parser():

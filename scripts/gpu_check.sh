@@ -7,7 +7,7 @@
 #
 # The architectures are read from fairseq's registry at run time (every arch whose model class lives in
 # fairseq_knowgen), so a new one is included; its task, criterion and data come from
-# fairseq_knowgen.benchmarking.PROFILES (or a profiled arch of the same model), else fairseq's translation
+# benchmarks/profiles.py's PROFILES (or a profiled arch of the same model), else fairseq's translation
 # task on the synthetic triples. Data are made here (tiny synthetic sets, as the benchmark makes them).
 # Each run trains in this one Python process (fairseq_cli.train / generate), so imports and CUDA start once.
 #
@@ -64,7 +64,7 @@ from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_DATACLASS_REGISTRY
 
 import fairseq_knowgen  # noqa: F401  (registers the archs)
-from fairseq_knowgen import benchmarking as bm
+from benchmarks import profiles as bm
 
 DRY = os.environ["GPU_CHECK_DRY"] == "1"
 OUT = os.environ["GPU_CHECK_OUT"]

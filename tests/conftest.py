@@ -9,13 +9,15 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # benchmarks/ and dev/ are folders of the repository, not of the installed package
+    sys.path.insert(0, ROOT)
 BIN = os.path.dirname(sys.executable)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def tiny_model(layers=2, dim=16, heads=2):
     """Model-size flags of the tiny models the tests train (ffn = 2 x dim)."""
-    from fairseq_knowgen.benchmarking import size_args
+    from benchmarks.profiles import size_args
 
     return size_args(layers, dim, heads, ffn_mult=2)
 

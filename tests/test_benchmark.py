@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli, tiny_model
 from fairseq.criterions import CRITERION_REGISTRY
 
-from fairseq_knowgen import benchmarking
+from benchmarks import harness as benchmarking
 from fairseq_knowgen.models.eki import DiminishingPositionIndicatorAttention
 from fairseq_knowgen.modules.copy_generator import CopyGenerator
 from fairseq_knowgen.modules.diminishing_attention import DiminishingMultiheadAttention
@@ -159,4 +159,6 @@ def test_vocab_pads_the_synthetic_dictionary_to_a_real_size(tmp_path):
     n_plain = len(Dictionary.load(f"{plain}/dict.src.txt"))
     assert n_plain < 1000 and len(Dictionary.load(f"{padded}/dict.src.txt")) == 1000
     with pytest.raises(ValueError, match="synthetic data only"):
-        benchmarking.make_data("fairseq_knowgen.prep.cocon:make_benchmark_data", str(tmp_path / "c"), 10, 10, vocab=1000)
+        benchmarking.make_data(
+            "fairseq_knowgen.prep.cocon:make_benchmark_data", str(tmp_path / "c"), 10, 10, vocab=1000
+        )

@@ -4,7 +4,7 @@ tokens per sentence and the sentence kept; CoCon batches with contents of the as
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_knowgen.benchmarking import cocon_grown_samples, kbert_injected_sample
+from benchmarks.harness import cocon_grown_samples, kbert_injected_sample
 from fairseq_knowgen.modules.sentence_tree import visible_matrix
 
 
@@ -59,7 +59,7 @@ def test_cocon_batches_have_the_asked_content_length():
 def test_saved_for_backward_bytes_by_hand():
     """``--memory``'s count: exp(x W) keeps x and W (W is a parameter, left out) and
     exp's output: 4 x 8 + 4 x 3 float32 = 176 bytes; state: W (8 x 3) x 4 (value, gradient, 2 Adam moments)."""
-    from fairseq_knowgen.benchmarking import saved_for_backward_bytes
+    from benchmarks.harness import saved_for_backward_bytes
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -84,7 +84,7 @@ def data_without_sizes(workdir, n_train, n_valid):
 
 def test_make_data_passes_sizes_to_a_data_function_that_takes_them():
     """--size base reaches CoCon's data function (its frozen LM is made with the data); others are called as before."""
-    from fairseq_knowgen.benchmarking import make_data
+    from benchmarks.profiles import make_data
 
     assert make_data("test_benchmark_growth:data_with_sizes", "d", 1, 1, sizes=(6, 512, 8))[1]["arch"] == ["(6, 512, 8)"]
     assert make_data("test_benchmark_growth:data_with_sizes", "d", 1, 1)[1]["arch"] == ["None"]

@@ -185,7 +185,7 @@ def test_resume_is_exact(tiny_bin, tmp_path):
 
     What makes it exact: fairseq reseeds torch's RNG with seed + num_updates before every update
     (dropout), saves the position in the epoch, the per-epoch shuffle seed and Adam's state, and
-    :mod:`fairseq_knowgen.exact_resume` makes a resumed run build its batches as the uninterrupted
+    :mod:`fairseq_knowgen.compat.exact_resume` makes a resumed run build its batches as the uninterrupted
     run built them, at epoch 1 (fairseq alone builds them anew with the seed of the epoch it resumes
     in: 87 of the 89 parameters differed here without it). tests/ddp_worker.py records the
     unrounded losses."""

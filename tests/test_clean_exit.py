@@ -1,4 +1,4 @@
-"""No abort at a clean exit (fairseq_knowgen.clean_exit): fairseq's prefetch thread, caught inside a
+"""No abort at a clean exit (fairseq_knowgen.compat.clean_exit): fairseq's prefetch thread, caught inside a
 torch operation when Python shuts down, made a finished training end with ``terminate called without
 an active exception`` (SIGABRT)."""
 
@@ -14,7 +14,7 @@ RACE = """
 import sys, torch
 from fairseq.data.iterators import BufferedIterator
 if sys.argv[1] == "without":
-    import atexit, fairseq_knowgen.clean_exit as c
+    import atexit, fairseq_knowgen.compat.clean_exit as c
     atexit.unregister(c.stop_prefetch_threads)
 else:
     import fairseq_knowgen  # noqa: F401  (as --user-dir does)

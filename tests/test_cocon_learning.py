@@ -58,7 +58,7 @@ def batches(task, split, size):
 def self_null_gap(random_words, content_kv, steps=400, *extra, split="fixed", jitter=2):
     """Train the block (defaults but ``content_kv``, ``extra`` model flags, the split and no content mask;
     L_self and L_null only) and return (L_self, L_null) per token in nats on the validation split
-    (``scripts/cocon_toy_probe.py`` prints it for several configurations)."""
+    (``dev/cocon_toy_probe.py`` prints it for several configurations)."""
     data, lm = random_words
     torch.manual_seed(1)
     task, model, _ = build_task_and_model(
@@ -148,13 +148,13 @@ def test_discriminator_learns_every_fifth_update_with_its_own_optimizer(random_w
 
 
 def test_attention_share_by_hand():
-    """scripts/cocon_attention.py's sums, against a hand computation: one sentence, one head, S = 2
+    """dev/cocon_attention.py's sums, against a hand computation: one sentence, one head, S = 2
     content columns then 2 self columns; query 0 sees content 0 and self 0, query 1 everything."""
     import importlib.util
     import pathlib
 
     spec = importlib.util.spec_from_file_location(
-        "cocon_attention", pathlib.Path(__file__).resolve().parents[1] / "scripts" / "cocon_attention.py"
+        "cocon_attention", pathlib.Path(__file__).resolve().parents[1] / "dev" / "cocon_attention.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -178,7 +178,7 @@ def test_attention_share_script_reads_a_trained_checkpoint(random_words, tmp_pat
         "--max-update", "2", "--save-dir", save, "--disable-validation", "--max-sentences", "4",
     )  # fmt: skip
     out = run_cli(
-        "scripts/cocon_attention.py", "--path", save / "checkpoint_last.pt", "--data", data, "--lm", lm,
+        "dev/cocon_attention.py", "--path", save / "checkpoint_last.pt", "--data", data, "--lm", lm,
         "--max-sentences", "16",
     )  # fmt: skip
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -190,7 +190,7 @@ def test_attention_share_script_reads_a_trained_checkpoint(random_words, tmp_pat
 def test_attention_share_script_names_a_missing_checkpoint(tmp_path):
     """A wrong --path ends with exit 2 and the path, not a traceback from fairseq's loader."""
     proc = run_cli(
-        "scripts/cocon_attention.py", "--path", tmp_path / "none.pt", "--data", tmp_path, "--lm", tmp_path / "lm.pt",
+        "dev/cocon_attention.py", "--path", tmp_path / "none.pt", "--data", tmp_path, "--lm", tmp_path / "lm.pt",
         check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and f"{tmp_path / 'none.pt'}: no CoCon checkpoint" in proc.stderr

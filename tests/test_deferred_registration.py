@@ -1,5 +1,5 @@
 """The package registers its fairseq components once torch is imported, in any import order, and never half-way
-through an import; the text tools, which never import torch, do not import it (fairseq_knowgen.deferred_registration).
+through an import; the text tools, which never import torch, do not import it (fairseq_knowgen.compat.deferred_registration).
 Each case runs in a fresh interpreter: the import order is what is tested."""
 
 import subprocess
@@ -36,7 +36,7 @@ def run_python(code):
         # would import it again, half-done (ImportError: partially initialized module)
         "from fairseq_knowgen.models.copy_transformer import placeholder_mask",
         "import fairseq_knowgen.prep.kbert",  # a prep module that needs fairseq's Dictionary
-        "from fairseq_knowgen.checkpoint_compat import read_checkpoint",
+        "from fairseq_knowgen.compat.checkpoint_compat import read_checkpoint",
     ],
 )
 def test_every_import_order_registers_everything(imports):

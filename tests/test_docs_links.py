@@ -1,7 +1,7 @@
-"""Every relative link of README.md and docs/**/*.md names a file of the repository, and every ``#anchor`` a
-heading of the file it points to, with GitHub's heading slugs (lower case; markup, punctuation and symbols out;
-letters, digits, ``_`` and ``-`` kept; spaces to ``-``; a repeated slug gets ``-1``, ``-2``...). Links and
-headings inside fenced code blocks do not count. Reads only the Markdown files: no network, well under a second.
+"""Every relative link of README.md, docs/**/*.md and examples/*/README.md names a file of the repository, and
+every ``#anchor`` a heading of the file it points to, with GitHub's heading slugs (lower case; markup, punctuation
+and symbols out; letters, digits, ``_`` and ``-`` kept; spaces to ``-``; a repeated slug gets ``-1``, ``-2``...).
+Links and headings inside fenced code blocks do not count. Reads only the Markdown files: no network, well under a second.
 """
 
 import glob
@@ -59,6 +59,7 @@ def broken_links(root, files):
 
 def doc_files(root):
     docs = glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True)
+    docs += glob.glob(os.path.join(root, "examples", "*", "README.md"))  # the quick starts
     return ["README.md"] + sorted(os.path.relpath(p, root) for p in docs)
 
 

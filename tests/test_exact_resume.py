@@ -1,4 +1,4 @@
-"""A resumed run's batches are those of an uninterrupted run (fairseq_knowgen.exact_resume), for every
+"""A resumed run's batches are those of an uninterrupted run (fairseq_knowgen.compat.exact_resume), for every
 task the package registers and for fairseq's own tasks run with --user-dir fairseq_knowgen.
 The end-to-end check (a training killed in epoch 3 and resumed, torch.equal to an uninterrupted one)
 is tests/test_checkpoints.py::test_resume_is_exact."""

@@ -7,7 +7,7 @@ import subprocess
 
 from conftest import ROOT
 
-from fairseq_knowgen.benchmarking import BASELINE
+from benchmarks.profiles import BASELINE
 
 
 def gpu_check(*args, env=None, timeout=60):

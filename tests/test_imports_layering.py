@@ -20,11 +20,7 @@ PACKAGE = "fairseq_knowgen"
 LAYERS = {
     "textio": 0,
     "text": 0,
-    "checkpoint_compat": 0,
-    "exact_resume": 0,
-    "clean_exit": 0,
-    "deferred_registration": 0,
-    "interactive_input": 0,
+    "compat": 0,  # fairseq patches (checkpoint loading, exact resume, clean exit, interactive input, n-gram block)
     "modules": 1,
     "convert": 1,  # checkpoint loaders that models call
     "optim": 1,  # optimizers registered with fairseq (kbert_adam)
@@ -37,7 +33,6 @@ LAYERS = {
     "models": 3,
     "criterions": 4,
     "tasks": 4,
-    "benchmarking": 5,
     "user_dir": 5,
     "<package>": 5,
 }

@@ -6,7 +6,7 @@ import math
 import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 
-from fairseq_knowgen.modules.ngram_block import GeneratedPrefixNGramBlock
+from fairseq_knowgen.compat.ngram_block import GeneratedPrefixNGramBlock
 
 PAD, EOS = 1, 2
 

@@ -1,4 +1,4 @@
-"""``scripts/profile_cocon_decode.py`` (the measurement behind docs/benchmarks.md's CoCon decoding
+"""``dev/profile_cocon_decode.py`` (the measurement behind docs/benchmarks.md's CoCon decoding
 paragraph) still runs on the package's current benchmark helpers: at a tiny size it prints one
 timing line per round with both models' times and their ratio, and an op table for each model."""
 
@@ -9,7 +9,7 @@ from conftest import run_cli
 
 def test_profile_prints_rounds_and_both_op_tables():
     out = run_cli(
-        "scripts/profile_cocon_decode.py",
+        "dev/profile_cocon_decode.py",
         *("--layers", 2, "--embed-dim", 32, "--heads", 2, "--rounds", 2, "--ops", 3, "--sentences", 4, "--gen-len", 5),
         timeout=300,
     ).stdout
@@ -27,7 +27,7 @@ def test_profile_shapes_splits_ops_by_input_shape():
     """``--shapes``: the rows end with the input shapes, and one op appears in several rows (without the flag each op
     is one row; this fails if the flag stops reaching torch's ``group_by_input_shape``)."""
     out = run_cli(
-        "scripts/profile_cocon_decode.py",
+        "dev/profile_cocon_decode.py",
         *("--layers", 2, "--embed-dim", 32, "--heads", 2, "--rounds", 1, "--ops", 40, "--sentences", 4, "--gen-len", 5),
         "--shapes",
         timeout=300,

@@ -1,5 +1,5 @@
 """The README's "Each method on your own data" commands, as the README prints them, on a tiny folder of each
-documented layout (issue 41): every recipe command runs its data stage (``STOP_STAGE=1``, the one variable added:
+documented layout: every recipe command runs its data stage (``STOP_STAGE=1``, the one variable added:
 training is what the other recipe tests cover), and the placeholder-encoding command runs whole. ``DATA``, ``OUT``,
 ``DIR``, ``RAW`` and ``TEXT`` become folders made here, ``bart.large`` a stand-in BART folder; ``my_kg.spo`` stays
 as printed (it is found in ``DIR``, as the README says). The commands that need a converted checkpoint
@@ -36,7 +36,7 @@ def readme_commands():
 
 def test_the_section_has_every_method():
     joined = "\n".join(readme_commands())
-    for recipe in ("commongen", "webnlg", "kbert", "cocon"):
+    for recipe in ("commongen", "eki", "webnlg", "kbert", "cocon"):
         assert f"examples/{recipe}/run.sh" in joined
     assert "prep.placeholders encode" in joined
 

@@ -40,6 +40,44 @@ def run_recipe(script, *args, **env):
     return proc
 
 
+# --- the data argument ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("examples/commongen/run.sh", []),
+        ("examples/eki/run.sh", []),
+        ("examples/webnlg/run.sh", []),
+        ("examples/cocon/run.sh", []),
+        ("examples/kbert/run.sh", []),
+        ("examples/kbert/run.sh", ["medical_ner"]),  # the task without its data folder
+    ],
+)
+def test_a_recipe_without_its_data_prints_its_usage_and_exits_2(script, args):
+    """No default data folder: the data argument is required, and the usage names it."""
+    proc = subprocess.run(["bash", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("usage:") and f"bash {script} " in proc.stderr
+    assert "DATA" in proc.stderr.splitlines()[1] and proc.stdout == ""
+
+
+def test_the_eki_recipe_runs_commongens_stages_and_names_itself_for_a_rerun(tmp_path):
+    """examples/eki/run.sh is CommonGen's recipe with EKI's settings; a stage that finds an earlier one unfinished
+    tells the user to rerun examples/eki/run.sh (not the CommonGen recipe, which would train another model)."""
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run(
+        ["bash", "examples/eki/run.sh", tmp_path / "data", tmp_path / "out"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, STAGE="5", STOP_STAGE="5"),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"STAGE=1 bash {ROOT}/examples/eki/run.sh {tmp_path}/data {tmp_path}/out" in proc.stderr
+
+
 # --- stage_train ------------------------------------------------------------------------------------------
 
 

@@ -201,17 +201,19 @@ def test_commongen_checkpoint_last_decodes_checkpoint_last_into_its_own_outputs(
     assert not (run_dir / "valid.avg3.out").exists()
 
 
-def test_commongen_without_an_out_of_domain_corpus_makes_the_in_domain_inputs(tmp_path):
-    """No WikiText-2 file (the third argument names none that exists): stage 2 says in one line that it retrieves
-    in-domain prototypes only, and stages 3-4 make bin/ and bin-eki/ and no bin-eki-ood/ (EKI trains on INPUT=eki)."""
+@pytest.mark.parametrize("corpus", ["no-such-corpus.txt", None])
+def test_commongen_without_an_out_of_domain_corpus_makes_the_in_domain_inputs(corpus, tmp_path):
+    """No WikiText-2 file (the third argument names none that exists, or there is none: the default): stage 2 says
+    in one line that it retrieves in-domain prototypes only, and stages 3-4 make bin/ and bin-eki/ and no
+    bin-eki-ood/ (EKI trains on INPUT=eki)."""
     rng = random.Random(2)
     data = tmp_path / "data"
     data.mkdir()
     commongen_split(rng, data, "train", 30)
     commongen_split(rng, data, "dev", 4)
     out = tmp_path / "out"
-    proc = run_recipe("examples/commongen/run.sh", data, out, tmp_path / "no-such-corpus.txt", BPE_OPS="50",
-                      STOP_STAGE="4")  # fmt: skip
+    corpus_arg = [tmp_path / corpus] if corpus else []
+    proc = run_recipe("examples/commongen/run.sh", data, out, *corpus_arg, BPE_OPS="50", STOP_STAGE="4")
     assert "in-domain only (no out-of-domain corpus at" in proc.stdout
     assert (out / "bin-eki" / "train.src-tgt.src.bin").exists() and (out / "bin" / "valid.src-tgt.src.bin").exists()
     assert not (out / "bin-eki-ood").exists() and not list((out / "raw").glob("*eki-ood*"))

@@ -4,8 +4,8 @@
 # e.g. GPT-2 converted by fairseq_knowgen.convert.hf_gpt2, see docs/pretrained_cocon.md). Staged; rerun from any
 # stage. What it does as the authors and what it changes for one CPU core: docs/methods/cocon.md.
 #
-#   bash examples/cocon/run.sh [DATA_ROOT] [OUT_DIR]
-#       DATA_ROOT: folder with wikitext-2/valid.txt, commongen/, webnlg/ (default ../shared/data)
+#   bash examples/cocon/run.sh DATA_ROOT [OUT_DIR]
+#       DATA_ROOT: folder with wikitext-2/valid.txt, commongen/, webnlg/ (required)
 #       OUT_DIR:   everything this recipe writes (default work/cocon)
 #   Stages (STAGE=1 STOP_STAGE=7 select them):
 #       1 prepare raw/: running text (WikiText-2 articles, WebNLG training texts, CommonGen training references,
@@ -53,12 +53,14 @@
 #                    (subword-nmt). CoCon then trains as the authors: AdamW, lr 5e-5 decaying linearly, clip 1.0.
 #   Smoke run (minutes, not a result): LM_MAX_UPDATE=50 COCON_MAX_UPDATE=40 HELDOUT=100 SETS=ht5 TAUS=0
 #   Examples:
-#       bash examples/cocon/run.sh                                              # everything, NAME=cocon
-#       LM_PATH=work/gpt2-fairseq TOKENS_PER_SAMPLE=256 bash examples/cocon/run.sh  # CoCon inside a converted GPT-2
-#       NAME=cocon-nocycle ARGS="--cocon-cycle-weight 0 --cocon-adv-weight 0" STAGE=5 bash examples/cocon/run.sh
+#       bash examples/cocon/run.sh DATA                                         # everything, NAME=cocon
+#       LM_PATH=work/gpt2-fairseq TOKENS_PER_SAMPLE=256 bash examples/cocon/run.sh DATA  # inside a converted GPT-2
+#       NAME=cocon-nocycle ARGS="--cocon-cycle-weight 0 --cocon-adv-weight 0" STAGE=5 bash examples/cocon/run.sh DATA
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-DATA=$(realpath -m "${1:-$ROOT/../shared/data}")
+usage() { { echo "usage:"; sed -n '/^#   bash examples/,/^#   [A-Z]/p' "$0" | sed '$d; s/^#//'; } >&2; exit 2; }
+[ $# -ge 1 ] || usage
+DATA=$(realpath -m "$1")
 OUT=$(realpath -m "${2:-$ROOT/work/cocon}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 BPE_OPS=${BPE_OPS:-8000}; HELDOUT=${HELDOUT:-600}; VALID=${VALID:-1000}; CONTENT_MODE=${CONTENT_MODE:-separate}

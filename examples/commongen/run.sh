@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # CommonGen: concept set -> everyday sentence. Staged recipe; rerun from any stage.
 #
-#   bash examples/commongen/run.sh [DATA_DIR] [OUT_DIR] [CORPUS_OOD]
-#       DATA_DIR:   the raw CommonGen files (default ../shared/data/commongen)
+#   bash examples/commongen/run.sh DATA_DIR [OUT_DIR] [CORPUS_OOD]
+#       DATA_DIR:   the raw CommonGen files (commongen.{train,dev}.{src_alpha,tgt}.txt; required)
 #       OUT_DIR:    everything this recipe writes (default work/commongen)
-#       CORPUS_OOD: plain text for out-of-domain prototypes (default ../shared/data/wikitext-2/valid.txt)
+#       CORPUS_OOD: plain text for out-of-domain prototypes, e.g. WikiText-2's valid.txt (default: none, no eki-ood)
 #   Stages (STAGE=1 STOP_STAGE=7 select them):
 #       1 prepare (raw/; dev is 'valid', and 'test' when DATA_DIR has commongen.test.src_alpha.txt)
 #       2 retrieve prototypes (raw/*.eki.src, raw/*.eki-ood.src; without CORPUS_OOD's file only the first)   3 BPE
@@ -16,7 +16,7 @@
 #       INPUT=concepts|eki|eki-ood   which binarized input to train on (eki*: use TASK_ARGS="--task eki_generation")
 #       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM); scale up on GPUs
-#       MINUTES=30 MAX_UPDATE=0    training budget (--stop-time-hours / --max-update)
+#       MINUTES=60 MAX_UPDATE=0    training budget (--stop-time-hours / --max-update)
 #       BPE_OPS=8000 BEAM=5 TRAIN_ARGS=""   (TRAIN_ARGS e.g. "--distributed-world-size 8" on GPUs)
 #       CONSTRAINTS=0   1: stages 6-7 decode with every concept as a constraint (fairseq's lexically constrained
 #                       beam search, --constraints unordered; the concept as the input gives it) into SPLIT.cons.out
@@ -72,18 +72,20 @@
 #                  runs/NAME/): BART's cased text and GPT-2 BPE beside the from-scratch runs' folders in one OUT_DIR
 #                  (a raw/ of the other text form is refused at stage 3).
 #   Examples:
-#       bash examples/commongen/run.sh                                   # transformer on concepts
-#       PRETRAINED=bart.large bash examples/commongen/run.sh              # EKI-BART (eki_bart_large)
-#       PRETRAINED=bart.large NAME=bart_dimattn ARCH=bart_dimattn_large bash examples/commongen/run.sh
-#       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh
+#       bash examples/commongen/run.sh DATA                              # transformer on concepts
+#       PRETRAINED=bart.large bash examples/commongen/run.sh DATA         # EKI-BART (eki_bart_large)
+#       PRETRAINED=bart.large NAME=bart_dimattn ARCH=bart_dimattn_large bash examples/commongen/run.sh DATA
+#       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh DATA
 #       NAME=eki INPUT=eki ARCH=eki_transformer TASK_ARGS="--task eki_generation" \
 #           CRITERION=eki_label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1 --eki-lambda 1" \
-#           STAGE=5 bash examples/commongen/run.sh
+#           STAGE=5 bash examples/commongen/run.sh DATA
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-DATA=$(realpath -m "${1:-$ROOT/../shared/data/commongen}")
+usage() { { echo "usage:"; sed -n '/^#   bash examples/,/^#   [A-Z]/p' "$0" | sed '$d; s/^#//'; } >&2; exit 2; }
+[ $# -ge 1 ] || usage
+DATA=$(realpath -m "$1")
 OUT=$(realpath -m "${2:-$ROOT/work/commongen}")
-CORPUS_OOD=$(realpath -m "${3:-$ROOT/../shared/data/wikitext-2/valid.txt}")
+CORPUS_OOD=${3:+$(realpath -m "$3")}
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-7}
 PRETRAINED=${PRETRAINED:+$(realpath -m "$PRETRAINED")}
 TEXT=moses  # stage 1's text form: moses (lower-cased, Moses-tokenized) for the from-scratch models, raw for BART
@@ -117,7 +119,7 @@ if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task,
 fi
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
-MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
+MINUTES=${MINUTES:-60}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
 TRAIN_ARGS=${TRAIN_ARGS:-}; MAX_SHARED=${MAX_SHARED:-}; CONSTRAINT_FORM=${CONSTRAINT_FORM:-concept}
 case $CONSTRAINT_FORM in concept) ;; prototype) [ "${CONSTRAINTS:-0}" = 1 ] \
   || { echo "CONSTRAINT_FORM=prototype needs CONSTRAINTS=1"; exit 2; } ;;
@@ -179,7 +181,8 @@ if stage 2; then
   if [ -f "$CORPUS_OOD" ]; then
     echo "== stage 2: retrieve prototypes: in-domain (training references) and out-of-domain ($CORPUS_OOD)"
   else
-    echo "== stage 2: retrieve prototypes: in-domain only (no out-of-domain corpus at $CORPUS_OOD: no INPUT=eki-ood)"
+    echo "== stage 2: retrieve prototypes: in-domain only" \
+      "(no out-of-domain corpus at ${CORPUS_OOD:-CORPUS_OOD, not given}: no INPUT=eki-ood)"
   fi
   for split in train $(eval_splits); do
     # training queries: MAX_SHARED (test-like); evaluation queries: how close they come to training sets

@@ -5,10 +5,10 @@
 # Chinese BERT converted by python -m fairseq_knowgen.convert.hf_bert; docs/pretrained_kbert.md). Staged recipe;
 # rerun from any stage.
 #
-#   bash examples/kbert/run.sh TASK [DATA_DIR] [OUT_DIR]
+#   bash examples/kbert/run.sh TASK DATA_DIR [OUT_DIR]
 #       TASK:     book_review | medical_ner | any name with TASK_TYPE=classification|tagging
-#       DATA_DIR: the K-BERT data folder with TASK/{train,dev[,test]}.tsv and kgs/*.spo (default ../shared/data/kbert),
-#                 or a folder with {train,dev[,test]}.tsv itself
+#       DATA_DIR: the K-BERT data folder with TASK/{train,dev[,test]}.tsv and kgs/*.spo, or a folder with
+#                 {train,dev[,test]}.tsv itself (required)
 #       OUT_DIR:  everything this recipe writes (default work/kbert-TASK)
 #   Stages (STAGE=1 STOP_STAGE=5 select them):
 #       1 prepare: $OUT/data (checked TSVs, dict.txt, labels.txt), $OUT/kg/{full,control}.spo (control: objects
@@ -39,7 +39,7 @@
 #           decay, --optimizer kbert_adam (BertAdam's betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except
 #           biases and LayerNorm), dev at each epoch's end (VALID_EVERY=0).
 #       Otherwise (from scratch or the stage-2 masked LM, the CPU budgets of docs/results/kbert.md):
-#           MAX_UPDATE (medical_ner and other tasks 2000, book_review 800) EPOCHS=0 (no limit) MINUTES=30 LR=2e-4
+#           MAX_UPDATE (medical_ner and other tasks 2000, book_review 800) EPOCHS=0 (no limit) MINUTES=60 LR=2e-4
 #           BATCH=32 VALID_EVERY=200, adam (0.9, 0.98) eps 1e-8 weight decay 0.01 on every parameter
 #           (--max-update, --max-epoch, --stop-time-hours; dev every VALID_EVERY updates and at each epoch's end)
 #       Stage 4 of a tagging task scores two predictions: SPLIT.pred / SPLIT.scores.json (each character's argmax,
@@ -53,15 +53,17 @@
 #   The README's headline runs set PRETRAINED=none MAX_UPDATE=8000 MINUTES=65 (medical_ner) and PRETRAINED=none
 #   MAX_UPDATE=8500 MINUTES=62 (book_review); the defaults above are the shorter settings the recipe tests keep.
 #   Examples:
-#       bash examples/kbert/run.sh medical_ner                                         # everything, full K-BERT
+#       bash examples/kbert/run.sh medical_ner DATA                                    # everything, full K-BERT
 #       PRETRAINED=bert-zh-fairseq TASK_TYPE=classification KG=kgs/HowNet.spo bash examples/kbert/run.sh lcqmc DIR
-#       NAME=nokg KG=none STAGE=3 bash examples/kbert/run.sh medical_ner
-#       NAME=novm ARCH_ARGS=--no-visible-matrix STAGE=3 bash examples/kbert/run.sh medical_ner
-#       NAME=kbert-s2 SEED=2 STAGE=3 bash examples/kbert/run.sh medical_ner
+#       NAME=nokg KG=none STAGE=3 bash examples/kbert/run.sh medical_ner DATA
+#       NAME=novm ARCH_ARGS=--no-visible-matrix STAGE=3 bash examples/kbert/run.sh medical_ner DATA
+#       NAME=kbert-s2 SEED=2 STAGE=3 bash examples/kbert/run.sh medical_ner DATA
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TASK=${1:?usage: [TASK_TYPE=classification|tagging] bash examples/kbert/run.sh book_review|medical_ner|NAME [DATA_DIR] [OUT_DIR]}
-DATA=$(realpath -m "${2:-$ROOT/../shared/data/kbert}")
+usage() { { echo "usage:"; sed -n '/^#   bash examples/,/^#   [A-Z]/p' "$0" | sed '$d; s/^#//'; } >&2; exit 2; }
+[ $# -ge 2 ] || usage
+TASK=$1
+DATA=$(realpath -m "$2")
 OUT=$(realpath -m "${3:-$ROOT/work/kbert-$TASK}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-5}
 NAME=${NAME:-kbert}; KG=${KG:-full}; ARCH_ARGS=${ARCH_ARGS:-}; SEED=${SEED:-1}
@@ -102,7 +104,7 @@ if [ -d "$PRETRAINED" ]; then  # a released model: the authors' fine-tuning
   if [ "$TASK_TYPE" = tagging ]; then BATCH=${BATCH:-16}; else BATCH=${BATCH:-32}; fi
   OPTIM_ARGS=(--optimizer kbert_adam)
 else
-  ARCH=${ARCH:-kbert_small}; EPOCHS=${EPOCHS:-0}; MINUTES=${MINUTES:-30}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
+  ARCH=${ARCH:-kbert_small}; EPOCHS=${EPOCHS:-0}; MINUTES=${MINUTES:-60}; LR=${LR:-2e-4}; BATCH=${BATCH:-32}
   VALID_EVERY=${VALID_EVERY:-200}
   OPTIM_ARGS=(--optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01)
 fi

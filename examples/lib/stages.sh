@@ -42,7 +42,7 @@ extra_splits() { grep -vx valid "$OUT/raw/eval_splits" || true; }
 stage() { [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ]; }
 hours() { $PY -c "print($1 / 60)"; }
 # RECIPE_COMMAND: how this recipe was started (its arguments; the environment, e.g. NAME=..., is the user's to repeat)
-RECIPE_COMMAND="bash $ROOT/examples/$(basename "$(dirname "$0")")/run.sh${*:+$(printf ' %q' "$@")}"
+RECIPE_COMMAND=${RECIPE_COMMAND:-"bash $ROOT/examples/$(basename "$(dirname "$0")")/run.sh${*:+$(printf ' %q' "$@")}"}
 # needs N WHAT PATH...: stop (exit 2) at the first PATH that is missing, naming stage N (WHAT), which writes it, and
 # the command that reruns the recipe from there. A stage renames each output into place only when it is complete, so
 # a stage that was killed (or never run) leaves its outputs missing, never half-written: the next stage stops here.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # WebNLG 2017: DBpedia triples -> text. Staged recipe; rerun from any stage.
 #
-#   bash examples/webnlg/run.sh [DATA_DIR] [OUT_DIR]
-#       DATA_DIR: the WebNLG folder with train/ and dev/ (default ../shared/data/webnlg)
+#   bash examples/webnlg/run.sh DATA_DIR [OUT_DIR]
+#       DATA_DIR: the WebNLG folder with train/ and dev/ (required)
 #       OUT_DIR:  everything this recipe writes (default work/webnlg)
 #   Splits: train (minus held-out categories), valid (= dev, seen categories),
 #           heldout (training entries of HELDOUT categories, unseen by the model; HELDOUT="" for none),
@@ -13,7 +13,7 @@
 #       NAME=transformer ARCH=transformer ARCH_ARGS=""   the system (run folder $OUT/runs/$NAME)
 #       CRITERION=label_smoothed_cross_entropy CRITERION_ARGS="--label-smoothing 0.1" TASK_ARGS=""
 #       LAYERS=2 DIM=128 HEADS=4   model size (ffn 4*DIM)
-#       MINUTES=30 MAX_UPDATE=0    training budget
+#       MINUTES=60 MAX_UPDATE=0    training budget
 #       BPE_OPS=0: word level (default); words seen fewer than MIN_COUNT=2 times in train become <unk-N>
 #                  placeholders that copy models copy and stage 5 restores
 #       BPE_OPS=4000: joint subword-nmt BPE instead (copy models then copy pieces; needs ENTITIES=0)
@@ -40,23 +40,25 @@
 #       LR=1e-3 WARMUP=1000 DROPOUT=0.2 MAX_TOKENS=4096 SEED=1   training (adam, inverse square root schedule)
 #       KEEP_EPOCHS=0   K > 0: keep the last K epoch checkpoints (for CHECKPOINT=avgN)
 #   Examples:
-#       bash examples/webnlg/run.sh
-#       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh
+#       bash examples/webnlg/run.sh DATA
+#       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh DATA
 #       NAME=copy-force ARCH=copy_transformer_small CRITERION=force_copy \
-#           CRITERION_ARGS="--copy-supervision force" STAGE=4 bash examples/webnlg/run.sh
-#       NAME=fairseq-pg ARCH=transformer_pointer_generator STAGE=4 bash examples/webnlg/run.sh
+#           CRITERION_ARGS="--copy-supervision force" STAGE=4 bash examples/webnlg/run.sh DATA
+#       NAME=fairseq-pg ARCH=transformer_pointer_generator STAGE=4 bash examples/webnlg/run.sh DATA
 #           (fairseq's own pointer-generator, the copy model's peer: p_gen unsupervised, the default criterion;
 #           stage 4 adds --source-position-markers K, the number of <unk-N> that end the dictionary, from
 #           python -m fairseq_knowgen.prep.position_markers; pointing defaults: --alignment-layer -1
 #           --alignment-heads 1, other values through ARCH_ARGS)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-DATA=$(realpath -m "${1:-$ROOT/../shared/data/webnlg}")
+usage() { { echo "usage:"; sed -n '/^#   bash examples/,/^#   [A-Z]/p' "$0" | sed '$d; s/^#//'; } >&2; exit 2; }
+[ $# -ge 1 ] || usage
+DATA=$(realpath -m "$1")
 OUT=$(realpath -m "${2:-$ROOT/work/webnlg}")
 STAGE=${STAGE:-1}; STOP_STAGE=${STOP_STAGE:-6}
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
-MINUTES=${MINUTES:-30}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
+MINUTES=${MINUTES:-60}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-0}; MIN_COUNT=${MIN_COUNT:-2}; BEAM=${BEAM:-5}
 # HELDOUT unset: WebNLG's Astronaut, Monument and University where the training data has them (your own data in
 # WebNLG's format needs none); set but empty: no held-out categories
 if [ -z "${HELDOUT+x}" ]; then

@@ -26,7 +26,7 @@ Each converter reads and checks all its inputs before it writes anything, and wr
   tensor of the model (``transformers`` would start it at random) or hold one of another shape than
   ``config.json`` gives;
 - :func:`read_fairseq_checkpoint`, :func:`read_fairseq_dictionary`: a released fairseq checkpoint
-  (weights-only ``torch.load``, as :mod:`fairseq_knowgen.checkpoint_compat` allows it) and its ``dict.txt``;
+  (weights-only ``torch.load``, as :mod:`fairseq_knowgen.compat.checkpoint_compat` allows it) and its ``dict.txt``;
 - :func:`check_vocab_size`: a vocabulary of another size than the model's embedding is another model's,
   refused naming both sizes (the converters' ``--allow-vocab-mismatch`` says when it is meant).
 """
@@ -37,7 +37,7 @@ import os
 import zipfile
 from typing import Iterator, List, Sequence
 
-from ..checkpoint_compat import check_checkpoint_file, describe_load_error
+from ..compat.checkpoint_compat import check_checkpoint_file, describe_load_error
 from ..textio import BOM, DataError
 from .fairseq_legacy import some_names
 

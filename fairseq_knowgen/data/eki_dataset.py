@@ -9,8 +9,8 @@ is the **input layout** (``--eki-input-layout``):
   BART: their data is ``<s> C </s> O </s>`` and their dataset removes the inner ``</s>`` before the
   model sees it, so that concepts and prototype differ only by their group embeddings (Eq. 3).
   Here ``<sep>`` is removed and ``<s>`` put first; ``<s>`` belongs to the concepts' group;
-- ``sep``: ``C <sep> O </s>`` as the data holds it, ``<sep>`` a symbol of its own (this package's
-  layout before the option existed; checkpoints that record no layout were trained with it).
+- ``sep``: ``C <sep> O </s>`` as the data holds it, ``<sep>`` a symbol of its own (checkpoints
+  that record no layout were trained with it and load with it).
 
 For every source token :class:`SourceAnnotator` computes, from the token ids alone (so that
 training, ``fairseq-generate`` and ``fairseq-interactive`` share one definition; never in the model):

@@ -1,6 +1,6 @@
 """fairseq's own pointer-generator, ``transformer_pointer_generator``, under ``--user-dir fairseq_knowgen``.
 
-The peer baseline of ``copy_transformer`` (issue 11): Enarvi et al. (2020), "Generating Medical
+The peer baseline of ``copy_transformer``: Enarvi et al. (2020), "Generating Medical
 Reports from Patient-Doctor Conversations Using Sequence-to-Sequence Models", the transformer form
 of See et al.'s (2017) pointer-generator, as fairseq ships it in
 ``fairseq/examples/pointer_generator/pointer_generator_src``. Its output distribution is the

@@ -1,7 +1,7 @@
 """The CoCon block (Chan et al., "CoCon: A Self-Supervised Approach for Controlled Text
 Generation", ICLR 2021; Section 3 "Model Architecture").
 
-Equation numbers are those of the paper's Section 3 as the seed text implies them (it names
+Equation numbers are those of the paper's Section 3 as its text implies them (it names
 Eq. 4 and Eq. 6; its displayed formulas are missing, so each is given here as the text describes
 it): Eq. 4 ``o_t = dec(h_{:t-1})``, ``p(x_t | x_{:t-1}) = softmax(o_t)``; Eq. 5
 ``h'_{:t-1} = CoCon(h^(c)_{:l_c}, h_{:t-1})``; Eq. 6 ``K' = [K^(c); K]``, ``V' = [V^(c); V]``,
@@ -41,8 +41,8 @@ Content keys/values (``content_kv``; the paper only says they "are also computed
   tokens: in a toy probe (2-layer 32-wide LM, random words, L_self and L_null only, 400 Adam
   steps, fixed split, no content mask) the self/null gap was 0.06 nats shared, 0.83 separate
   with copied initial weights, 0.96 separate with fresh ones.
-- ``shared``: the text's W_k, W_v and LayerNorm on the content too (this package's first
-  version; its checkpoints, which have no content projections, load as ``shared``).
+- ``shared``: the text's W_k, W_v and LayerNorm on the content too (a checkpoint without content
+  projections loads as ``shared``).
 
 ``content_prev_key`` (off by default: beyond the paper and the authors' code): every content key
 also reads the previous content column through a map W' of its own (no bias, starting at zero, so
@@ -54,7 +54,7 @@ which column that is, and one attention layer can find it by content only if col
 layers hardly supply. On the toy probe of ``docs/methods/cocon.md`` (no content mask) it raised the
 self/null gap from 5.1% to 27.3% of L_null. Under a per-query content mask the W' term of key j is
 added only for queries that may see column j - 1: otherwise column j - 1 would reach a query the
-mask hides it from through column j's key (as it did until 2026-12-06), and the aligned mask's
+mask hides it from through column j's key, and the aligned mask's
 guarantee (the step predicting x^b_j learns nothing from content column j) would hold only while
 W' = 0. Several contents are concatenated, so the first column of a later content reads the last
 of the earlier. Checkpoints saved before the flag existed load without W'.
@@ -63,7 +63,7 @@ of the earlier. Checkpoints saved before the flag existed load without W'.
 the better of the two in that probe) or ``copy`` (copies of W_k, W_v at construction). ``dec`` then receives h' (Eq. 7); at which positions it
 receives h' rather than h is the model's business (:mod:`fairseq_knowgen.models.cocon`).
 Several contents (Section 3, "Multiple Content Inputs": their K and V concatenated, no
-equation in the seed text) are concatenated along l_c; ``content_bias`` adds tau (one value per
+equation in the paper) are concatenated along l_c; ``content_bias`` adds tau (one value per
 content position, so one tau per content) to the logits of the content columns only (Section 3,
 "Strength of Content Conditioning": a bias on ``W_{:,:l_c}`` of Eq. 6; tau = 0 is no bias). A
 content padding mask and, in training, a per-query content mask (the content masking of

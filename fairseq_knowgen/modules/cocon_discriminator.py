@@ -13,7 +13,7 @@ Two discriminators (``--cocon-disc``):
 
       f_disc(h) = w^T dropout(concat_k LeakyReLU(max_i conv_k(h)_i))
 
-- ``mlp`` (this package's first version): a position-wise two-layer MLP (LayerNorm, Linear d ->
+- ``mlp`` (beyond the paper and the authors' code): a position-wise two-layer MLP (LayerNorm, Linear d ->
   d_disc, GELU, Linear d_disc -> d_disc), mean-pooled over the non-padded positions, then Linear
   d_disc -> 1::
 
@@ -25,7 +25,7 @@ The losses (:func:`discriminator_losses`); the discriminator always minimizes
 - ``minimax`` (default; the authors' generator loss ``-(d_fake_loss + d_real_loss)``, whose
   real-side term has no gradient into CoCon): ``L_adv = log(1 - sigmoid(f_disc(fake)))``, the
   GAN's own minimax game;
-- ``non-saturating`` (this package's first version): ``L_adv = -log sigmoid(f_disc(fake))``, the
+- ``non-saturating`` (beyond the paper and the authors' code): ``L_adv = -log sigmoid(f_disc(fake))``, the
   same fixed point without the vanishing gradient of a confident discriminator.
 """
 

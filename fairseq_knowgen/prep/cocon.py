@@ -328,7 +328,7 @@ def make_benchmark_data(workdir: str, n_train: int, n_valid: int, sizes=None):
     ``transformer_lm`` (4 layers, 128 wide, 4 heads, FFN 512; ``sizes`` = (layers, width, heads) instead, as
     ``scripts/benchmark.py --size base`` passes them, the block after layer layers // 2), saved in fairseq's checkpoint format
     with its ``dict.txt`` beside it. Returns ``(data_dir, {"arch": [...], "baseline": [...]})`` as
-    :func:`fairseq_knowgen.benchmarking.make_data` takes it: both sides get ``--cocon-lm-path`` and
+    :func:`benchmarks.profiles.make_data` takes it: both sides get ``--cocon-lm-path`` and
     ``--cocon-layer`` (layers // 2) and ``--cocon-sample-mode lines``. Four layers, not the benchmark's default two: CoCon adds one layer to
     its LM, so its decoding speed relative to the LM falls with the LM's depth (beam 5, 20 tokens,
     measured on a loaded 2-core machine: 0.78-0.83 at four layers, about 0.7 at two; GPT-2 small

@@ -84,7 +84,7 @@ class CoConGenerationConfig(FairseqDataclass):
         default="window",
         metadata={
             "help": "training samples: window (fixed-length windows of running text, no </s> inside, as the authors) "
-            "or lines (each line with its </s>: this package's earlier samples)"
+            "or lines (each line with its </s>)"
         },
     )
     cocon_window: int = field(

@@ -15,9 +15,8 @@ wrapped ``LanguagePairDataset``, whose collater :class:`EKIDataset` calls).
 
 Model hyper-parameters are the model's alone: the task has no copy of ``--eki-max-distance``
 (distances leave the data unclipped and the model clamps them at the bound its checkpoint
-saved). Checkpoints of older versions, whose task config still holds ``eki_max_distance``,
-load as before (fairseq drops task keys it does not know when it sets a task up from a
-checkpoint).
+saved). A checkpoint whose task config holds ``eki_max_distance`` loads unchanged (fairseq drops
+task keys it does not know when it sets a task up from a checkpoint).
 
 ``fairseq-interactive`` (raw text)::
 
@@ -41,7 +40,7 @@ A bad input line (not UTF-8, empty, no concepts before ``<sep>``, more than one 
 ``<sep>`` without ``--eki-prototype-corpus``, more tokens than the model's positions or
 ``--max-tokens``) gets one ``error: INPUT:LINE: ...`` on stderr and is left out; decoding goes on
 with the next line, and the run ends with exit status 2 once the input ends
-(:mod:`fairseq_knowgen.interactive_input`). fairseq itself stops at a long line unless
+(:mod:`fairseq_knowgen.compat.interactive_input`). fairseq itself stops at a long line unless
 ``--skip-invalid-size-inputs-valid-test``; here that flag's skipping is the default.
 """
 
@@ -56,7 +55,7 @@ from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 
-from .. import interactive_input
+from ..compat import interactive_input
 from ..data.eki_dataset import (
     CENTER_MATCHES,
     INPUT_LAYOUTS,
@@ -235,7 +234,7 @@ class EKIGenerationTask(TranslationConstrainedTask):
         """fairseq-interactive's raw lines -> token ids: retrieve missing prototypes, then
         tokenize/BPE each side of ``<sep>`` on its own. A bad line (:meth:`input_line_problem`, or
         not UTF-8) gets a placeholder row that :meth:`filter_indices_by_size` leaves out, naming the
-        line (:mod:`fairseq_knowgen.interactive_input`); the other lines are decoded."""
+        line (:mod:`fairseq_knowgen.compat.interactive_input`); the other lines are decoded."""
         first = self._input_lines_seen + 1
         self._input_lines_seen += len(lines)
         source = interactive_input.current()

@@ -47,7 +47,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from ..data.constraints import UNK_CHOICES, attach_constraints, constraints_path, token_counts
 from ..modules.at_most_once import AtMostOnceBlock, token_ids_matching
 from ..modules.length_safe_search import LengthSafeConstrainedBeamSearch
-from ..modules.ngram_block import fix_cpu_ngram_blocker
+from ..compat.ngram_block import fix_cpu_ngram_blocker
 from ..textio import DataError
 
 CONSTRAINTS_UNK = ChoiceEnum(list(UNK_CHOICES))
@@ -110,7 +110,7 @@ class TranslationConstrainedTask(TranslationTask):
         generator = super().build_generator(
             models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
         )
-        fix_cpu_ngram_blocker(generator)  # --no-repeat-ngram-size: fairseq's CPU path blocks nothing (ngram_block)
+        fix_cpu_ngram_blocker(generator)  # --no-repeat-ngram-size: fairseq's CPU path blocks nothing (compat.ngram_block)
         if self.cfg.at_most_once:
             ids = token_ids_matching(self.tgt_dict, self.cfg.at_most_once)
             if ids.numel() == 0:

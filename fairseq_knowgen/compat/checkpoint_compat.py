@@ -35,7 +35,7 @@ import sys
 import numpy as np
 import torch
 
-from .textio import DataError
+from ..textio import DataError
 
 
 def fairseq_checkpoint_globals():
@@ -125,7 +125,8 @@ def describe_load_error(err: BaseException) -> str:
         what = f"the Python object {refused.group(1)}" if refused else "a Python object"
         return (
             f"refused: it names {what}, which weights-only loading does not allow (a checkpoint holds tensors "
-            "and plain values; only the types fairseq checkpoints hold are allowed: fairseq_knowgen.checkpoint_compat)"
+            "and plain values; only the types fairseq checkpoints hold are allowed: "
+            "fairseq_knowgen.compat.checkpoint_compat)"
         )
     truncated = ("central directory", "zip archive", "Ran out of input", "unexpected EOF", "truncated")
     if isinstance(err, EOFError) or any(t in text for t in truncated):

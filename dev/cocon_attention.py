@@ -18,7 +18,7 @@ the attention weights of each head are summed over the content columns. Printed 
 The last line is one JSON object with the same numbers. A measurement tool for
 docs/results/cocon.md (issue 29: the aims were missed, so where does the attention go)::
 
-    python scripts/cocon_attention.py --path RUN/checkpoints/checkpoint_best.pt --data OUT/bin/lm \\
+    python dev/cocon_attention.py --path RUN/checkpoints/checkpoint_best.pt --data OUT/bin/lm \\
         --lm OUT/runs/lm/checkpoints/checkpoint_best.pt [--subset valid] [--max-sentences 1000]
 """
 

@@ -28,7 +28,7 @@ same process later reads its input as before.
 import sys
 from typing import Dict, Iterator, List
 
-from .textio import decode_line
+from ..textio import decode_line
 
 
 class InputLines:

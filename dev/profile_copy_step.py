@@ -3,7 +3,7 @@
 the copy head's full-vocabulary mixture (as before the training fix) and at the targets only (now), against a model
 without the copy head; interleaved rounds in one process, ``time.process_time``::
 
-    OMP_NUM_THREADS=1 python scripts/profile_copy_step.py \\
+    OMP_NUM_THREADS=1 python dev/profile_copy_step.py \\
         work/commongen/runs/eki-copy-60/checkpoints/checkpoint_last.pt \\
         work/commongen/runs/eki-60/checkpoints/checkpoint_last.pt
 

@@ -3,7 +3,7 @@ configurations, on the set-up of ``tests/test_cocon_learning.py`` (random-word s
 types, a frozen untrained 2-layer 32-wide transformer_lm, L_self and L_null only, no content
 mask, Adam 3e-3, 16 sentences a step).
 
-    python scripts/cocon_toy_probe.py [STEPS] ["[(content_kv, init, split, zero_init, jitter, prev_key), ...]"] \
+    python dev/cocon_toy_probe.py [STEPS] ["[(content_kv, init, split, zero_init, jitter, prev_key), ...]"] \
         [measured|defaults]
 
 ``init`` is ``--cocon-content-kv-init`` (fresh or copy). ``measured`` (default) runs every configuration

@@ -5,7 +5,7 @@ process: the two models built on ``scripts/benchmark.py``'s CoCon data (an untra
 ``--sentences`` inputs; LM and CoCon alternate ``--rounds`` times (time per decode: mean of 3 after one warm-up),
 then torch's profiler on one more decode of each prints the ops with the most CPU time::
 
-    OMP_NUM_THREADS=1 taskset -c 1 python scripts/profile_cocon_decode.py            # 6 x 512, beam 5, 20 steps
+    OMP_NUM_THREADS=1 taskset -c 1 python dev/profile_cocon_decode.py            # 6 x 512, beam 5, 20 steps
 
 Prints per round the two times and their ratio (LM / CoCon: 1.0 is parity; the structural bound is
 L / (L + 1), one more layer per step), then the op tables (``--shapes``: one row per op and input shapes, which
@@ -15,15 +15,17 @@ docs/benchmarks.md, not a test.
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 from fairseq.dataclass.configs import GenerationConfig  # noqa: E402
 
-from fairseq_knowgen import benchmarking  # noqa: E402
+from benchmarks import harness as benchmarking  # noqa: E402
 from fairseq_knowgen.prep.cocon import make_benchmark_data  # noqa: E402
 
 

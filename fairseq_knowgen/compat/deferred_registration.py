@@ -1,8 +1,8 @@
 """Register the package's fairseq components only once torch is imported, between imports.
 
-Importing :mod:`fairseq_knowgen` used to import fairseq (and torch) at once, ~4 s on a CPU machine, also for the
-text tools that need neither: ``python -m fairseq_knowgen.prep.constraints``, ``scripts/retrieve_prototypes.py``,
-``scripts/evaluate.py``. A recipe's data stages start a dozen of them. Now the registration (the models, tasks and
+Registering at import would import fairseq (and torch) at once, ~4 s on a CPU machine, also for the text tools
+that need neither: ``python -m fairseq_knowgen.prep.constraints``, ``scripts/retrieve_prototypes.py``,
+``scripts/evaluate.py``. A recipe's data stages start a dozen of them. The registration (the models, tasks and
 criterions, and torch's weights-only allow-list) runs
 
 - at once, when torch is already imported (``fairseq-train --user-dir fairseq_knowgen`` imports fairseq first);

@@ -210,6 +210,7 @@ def main(argv=None):
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name in CHECKPOINT_DIR (model.pt)")
     a = p.parse_args(argv)
     from .downloads import read_fairseq_checkpoint, read_fairseq_dictionary
+    from .fairseq_legacy import some_names
 
     ckpt, dict_path = os.path.join(a.checkpoint_dir, a.checkpoint), os.path.join(a.checkpoint_dir, "dict.txt")
     for path in (ckpt, dict_path):
@@ -224,7 +225,8 @@ def main(argv=None):
     old = pretrained_symbols(dict_path, model[key].size(0))
     new = extended_symbols(old, list(a.add) + [t for path in a.add_from for t in text_tokens(path)])
     write_dictionary(a.out, new, dict(zip(d.symbols, d.count)))
-    print(f"{a.out}: {len(old)} symbols of the checkpoint (rows kept), {len(new) - len(old)} new: {new[len(old):]}")
+    added = some_names(new[len(old) :])
+    print(f"{a.out}: {len(old)} symbols of the checkpoint (rows kept), {len(new) - len(old)} new: {added}")
 
 
 if __name__ == "__main__":

@@ -186,9 +186,9 @@ class BertSourceEncoder(KBertEncoder):
         return out
 
     def reorder_encoder_out(self, encoder_out: Dict[str, list], new_order):
-        """Every entry reordered (``encoder_out`` on its batch dimension 1, the rest on 0)."""
+        """Every entry reordered (the T x B x C states on their batch dimension 1, the rest on 0)."""
         return {
-            key: [t.index_select(1 if key == "encoder_out" else 0, new_order) for t in tensors]
+            key: [t.index_select(1 if key in ("encoder_out", "encoder_states") else 0, new_order) for t in tensors]
             for key, tensors in encoder_out.items()
         }
 
@@ -220,8 +220,9 @@ class BertSourceEncoder(KBertEncoder):
 class PretrainedEncoderMixin:
     """Put before a fairseq ``TransformerModel`` subclass: ``--encoder-pretrained`` builds
     :class:`BertSourceEncoder` (``build_encoder``) and loads the checkpoint into it (``build_model``).
-    A model whose own ``build_encoder`` makes another encoder calls this one first when
-    :func:`uses_pretrained_encoder` (``copy_transformer``, ``eki_transformer``)."""
+    A model whose own ``build_encoder`` makes another encoder calls this one when
+    :func:`uses_pretrained_encoder` (``copy_transformer``) or builds its own subclass of :class:`BertSourceEncoder`
+    (``eki_transformer``)."""
 
     @classmethod
     def build_model(cls, args, task):

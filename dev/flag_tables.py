@@ -185,22 +185,30 @@ def flag_cell(action: argparse.Action) -> str:
 
 
 def model_table(reg, names: Sequence[str]) -> List[str]:
+    """One table of the models ``names``: their flags in order (the first model's, then those only later ones
+    add), each flag's default per arch; a flag some of the models lack says which (``not `bart_dimattn```)."""
     classes = [reg["model"][n] for n in names]
     archs = [a for cls in classes for a, m in reg["arch_model"].items() if m is cls]
-    actions = own_model_actions(classes[0])
-    for cls in classes[1:]:
-        flags = [a.option_strings for a in own_model_actions(cls)]
-        assert flags == [a.option_strings for a in actions], f"{names}: one table needs the same flags"
+    own = {n: {tuple(a.option_strings) for a in own_model_actions(c)} for n, c in zip(names, classes)}
+    actions, seen = [], set()
+    for cls in classes:
+        for action in own_model_actions(cls):
+            if tuple(action.option_strings) not in seen:
+                seen.add(tuple(action.option_strings))
+                actions.append(action)
     models = ", ".join(f"`{n}`" for n in names)
     lines = [f"### model {models} (`--arch` {', '.join(f'`{a}`' for a in archs)})", ""]
     lines += ["| flag | default | meaning |", "|---|---|---|"]
     for action in actions:
-        values = [model_default(reg, arch, action.dest) for arch in archs]
+        lacking = [n for n in names if tuple(action.option_strings) not in own[n]]
+        with_it = [a for a in archs if reg["arch_model"][a] not in [reg["model"][n] for n in lacking]]
+        values = [model_default(reg, arch, action.dest) for arch in with_it]
         if isinstance(action, argparse._StoreTrueAction):  # absent from the args: off
             values = [(False if v is None else v, argv) for v, argv in values]
         first, argv = values[0]
         text = code(first) + (f" with `{' '.join(argv)}`" if argv else "")
-        others = [f"`{a}`: {code(v)}" for a, (v, _) in zip(archs, values) if v != first]
+        others = [f"`{a}`: {code(v)}" for a, (v, _) in zip(with_it, values) if v != first]
+        others += [f"not `{n}`" for n in lacking]
         if others:
             text += f" ({', '.join(others)})"
         lines.append(f"| {flag_cell(action)} | {text} | {cell(action.help)} |")
@@ -249,6 +257,7 @@ PAGES: Dict[str, List[tuple]] = {
         ("criterion", "kbert_tagging"),
     ],
     "docs/methods/cocon.md": [("model", ("cocon_lm",)), ("task", "cocon_generation"), ("criterion", "cocon")],
+    "docs/methods/pretrained_encoder.md": [("model", ("transformer_pretrained_encoder",))],
 }
 
 

@@ -3,7 +3,7 @@ documented layout: every recipe command runs its data stage (``STOP_STAGE=1``, t
 training is what the other recipe tests cover), and the placeholder-encoding command runs whole. ``DATA``, ``OUT``,
 ``DIR``, ``RAW`` and ``TEXT`` become folders made here, ``bart.large`` a stand-in BART folder; ``my_kg.spo`` stays
 as printed (it is found in ``DIR``, as the README says). The commands that need a converted checkpoint
-(``PRETRAINED=bert-zh-fairseq``, ``LM_PATH=my_lm/``, ``convert.hf_bert bert-base-chinese``) and the plain
+(``PRETRAINED=bert-zh-fairseq``, ``LM_PATH=my_lm/``, ``convert.hf_bert``, ``ENCODER=minilm``) and the plain
 ``fairseq-train`` line (20,000 updates) are listed in ``NOT_RUN`` and checked elsewhere."""
 
 import os
@@ -18,7 +18,7 @@ from conftest import ROOT
 from test_cocon_recipe import make_raw
 
 SECTION = "## Each method on your own data"
-NOT_RUN = ("PRETRAINED=bert-zh-fairseq", "LM_PATH=my_lm/", "convert.hf_bert", "fairseq-train BIN")
+NOT_RUN = ("PRETRAINED=bert-zh-fairseq", "LM_PATH=my_lm/", "convert.hf_bert", "fairseq-train BIN", "ENCODER=minilm")
 
 
 def readme_commands():

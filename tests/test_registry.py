@@ -22,9 +22,12 @@ OUR_ARCHS = {
     "kbert_base": "KBertModel",
     "kbert_small": "KBertModel",
     "kbert_transformer": "KBertTransformerModel",
+    "transformer_pretrained_encoder": "PretrainedEncoderTransformerModel",
     "cocon_lm": "CoConModel",
     "cocon_lm_small": "CoConModel",
 }
+OUR_MODEL_NAMES = {"transformer_dimattn", "bart_dimattn", "copy_transformer", "eki_transformer"}
+OUR_MODEL_NAMES |= {"eki_bart", "transformer_pretrained_encoder"}
 OUR_CRITERIONS = {
     "force_copy": "ForceCopyCriterion",
     "eki_label_smoothed_cross_entropy": "EKILabelSmoothedCrossEntropyCriterion",
@@ -47,11 +50,7 @@ def test_arch_maps_to_our_class(arch, cls):
 def test_every_registered_model_of_ours_is_listed():
     ours = {a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_knowgen.")}
     assert ours == set(OUR_ARCHS)
-    assert all(
-        m.__module__.startswith("fairseq_knowgen.")
-        for n, m in MODEL_REGISTRY.items()
-        if n in {"transformer_dimattn", "bart_dimattn", "copy_transformer", "eki_transformer", "eki_bart"}
-    )
+    assert all(m.__module__.startswith("fairseq_knowgen.") for n, m in MODEL_REGISTRY.items() if n in OUR_MODEL_NAMES)
 
 
 @pytest.mark.parametrize("name,cls", sorted(OUR_CRITERIONS.items()))

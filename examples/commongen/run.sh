@@ -71,8 +71,21 @@
 #                  CONSTRAINTS=1 is not available here. Everything goes under OUT_DIR/bart (raw/, bpe/, bin*/,
 #                  runs/NAME/): BART's cased text and GPT-2 BPE beside the from-scratch runs' folders in one OUT_DIR
 #                  (a raw/ of the other text form is refused at stage 3).
+#       ENCODER=DIR   a released BERT as the encoder (Rothe et al. 2020's BERT2RND; docs/methods/pretrained_encoder.md):
+#                  DIR is the folder python -m fairseq_knowgen.convert.hf_bert HF_DIR DIR writes. Everything goes under
+#                  OUT_DIR/encoder-NAME (NAME: DIR's name). Stage 3 also writes each source as the BERT reads it
+#                  (bpe/SPLIT[.eki|.eki-ood].wp.src: python -m fairseq_knowgen.prep.wordpiece, <s> first except for the
+#                  EKI inputs, whose dataset puts it there); the target keeps the BPE. Stage 4 binarizes those sources
+#                  with DIR's dictionary grown with <sep>: bin/ beside the target's own dictionary; bin-eki*/ (and
+#                  bin-one/, which an ARCH with the copy head reads) with one dictionary for both sides, DIR's grown
+#                  with <sep> and the target's BPE (convert.extend_dictionary; CONSTRAINTS=1 reads the concepts from
+#                  bpe/SPLIT.src, as before). Stage 5 trains with --encoder-pretrained DIR (the BERT's sizes; the
+#                  decoder's LAYERS x DIM, its input and output embeddings shared; FREEZE_ENCODER=1: --freeze-encoder).
+#                  ARCH=transformer is then transformer_pretrained_encoder; transformer_dimattn, copy_transformer and
+#                  eki_transformer take it as they are.
 #   Examples:
 #       bash examples/commongen/run.sh DATA                              # transformer on concepts
+#       ENCODER=minilm bash examples/commongen/run.sh DATA               # the same with minilm's encoder
 #       PRETRAINED=bart.large bash examples/commongen/run.sh DATA         # EKI-BART (eki_bart_large)
 #       PRETRAINED=bart.large NAME=bart_dimattn ARCH=bart_dimattn_large bash examples/commongen/run.sh DATA
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=5 bash examples/commongen/run.sh DATA
@@ -117,6 +130,14 @@ if [ -n "$PRETRAINED" ]; then  # a released BART: its architecture, input, task,
   # bin*/, runs/), so that both kinds of run live in one OUT
   OUT=$OUT/bart
 fi
+ENCODER=${ENCODER:+$(realpath -m "$ENCODER")}
+if [ -n "$ENCODER" ]; then  # a converted BERT as the encoder: its own folder of outputs
+  [ -z "$PRETRAINED" ] || { echo "ENCODER and PRETRAINED exclude each other"; exit 2; }
+  for f in model.pt dict.txt; do [ -f "$ENCODER/$f" ] || { echo "ENCODER=$ENCODER has no $f: give the folder" \
+    "python -m fairseq_knowgen.convert.hf_bert HF_DIR DIR writes"; exit 2; }; done
+  OUT=$OUT/encoder-$(basename "$ENCODER")
+  [ "${ARCH:-transformer}" != transformer ] || ARCH=transformer_pretrained_encoder
+fi
 NAME=${NAME:-transformer}; ARCH=${ARCH:-transformer}; ARCH_ARGS=${ARCH_ARGS:-}; INPUT=${INPUT:-concepts}
 LAYERS=${LAYERS:-2}; DIM=${DIM:-128}; HEADS=${HEADS:-4}
 MINUTES=${MINUTES:-60}; MAX_UPDATE=${MAX_UPDATE:-0}; BPE_OPS=${BPE_OPS:-8000}; BEAM=${BEAM:-5}
@@ -130,7 +151,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 RUN=$OUT/runs/$NAME
 # SRC_BPE: the encoded source of INPUT (bpe/SPLIT.SRC_BPE); PROTO_BPE: the EKI source whose prototypes give
 # CONSTRAINT_FORM=prototype its forms
-case $INPUT in concepts) DATA_BIN=$OUT/bin SRC_BPE=src PROTO_BPE=eki.src ;;
+# ENCODER: bin/ has the target's own dictionary beside the BERT's; an ARCH with the copy head reads bin-one/ (one
+# dictionary for both sides, as bin-eki*/ always have)
+BIN_CONCEPTS=bin
+[ -z "$ENCODER" ] || [[ "$ARCH" != copy_* ]] || BIN_CONCEPTS=bin-one
+case $INPUT in concepts) DATA_BIN=$OUT/$BIN_CONCEPTS SRC_BPE=src PROTO_BPE=eki.src ;;
   eki|eki-ood) DATA_BIN=$OUT/bin-$INPUT SRC_BPE=$INPUT.src PROTO_BPE=$INPUT.src ;;
   *) echo "INPUT must be concepts, eki or eki-ood"; exit 2 ;; esac
 mkdir -p "$OUT"
@@ -221,32 +246,51 @@ if stage 3; then
     echo "== stage 3: joint BPE ($BPE_OPS merges, subword-nmt) -> $OUT/bpe"
     stage_bpe $(inputs_to_encode)
   fi
+  if [ -n "$ENCODER" ]; then
+    echo "== stage 3: the sources as $ENCODER reads them (its WordPiece) -> $OUT/bpe/*.wp.src"
+    # shellcheck disable=SC2046
+    stage_wordpiece $(inputs_to_encode | tr ' ' '\n' | grep -E '^[a-z_0-9]+\.src$')
+    # shellcheck disable=SC2046
+    stage_wordpiece --no-cls $(inputs_to_encode | tr ' ' '\n' | grep -E '\.eki(-ood)?\.src$')
+  fi
   [ -f "$OUT/raw/train.eki-ood.src" ] || rm -f "$OUT"/bpe/*.eki-ood.src  # none of an earlier run's
 fi
 if stage 4; then
   need_encoded bpe
   extra=$(extra_splits | xargs)
   echo "== stage 4: fairseq-preprocess -> $OUT/bin, $OUT/bin-eki, $OUT/bin-eki-ood (splits: train valid $extra)"
-  dict=() dict_eki=()
+  dict=() dict_eki=() wp="" bins=(bin)
+  if [ -n "$ENCODER" ]; then  # the BERT's sources: its dictionary grown with <sep>; the target's own, or one for both
+    encoder_dictionary "$OUT/bpe/dict.encoder-src.txt" train.wp.src
+    encoder_dictionary "$OUT/bpe/dict.encoder.txt" train.wp.src train.eki.wp.src train.tgt
+    dict=(--separate-dictionaries --srcdict "$OUT/bpe/dict.encoder-src.txt")
+    dict_eki=(--srcdict "$OUT/bpe/dict.encoder.txt") wp=wp.
+    if [ "$BIN_CONCEPTS" = bin-one ]; then
+      stage_binarize "$OUT/bin-one" wp.src "${dict_eki[@]}" && wp_names "$OUT/bin-one" && bins+=(bin-one)
+    fi
+  fi
   if [ -n "$PRETRAINED" ]; then  # bart's dictionary, <mask> kept on its row; for EKI <sep> a new symbol after it
     $PY -m fairseq_knowgen.convert.extend_dictionary "$PRETRAINED" "$OUT/bpe/dict.txt"
     $PY -m fairseq_knowgen.convert.extend_dictionary "$PRETRAINED" "$OUT/bpe/dict.eki.txt" --add '<sep>'
     dict=(--srcdict "$OUT/bpe/dict.txt") dict_eki=(--srcdict "$OUT/bpe/dict.eki.txt")
   fi
-  stage_binarize "$OUT/bin" src "${dict[@]}"
-  stage_binarize "$OUT/bin-eki" eki.src "${dict_eki[@]}"
+  stage_binarize "$OUT/bin" ${wp}src ${dict[@]+"${dict[@]}"}
+  stage_binarize "$OUT/bin-eki" eki.${wp}src ${dict_eki[@]+"${dict_eki[@]}"}
   eki_bins=(bin-eki)
   if [ -f "$OUT/bpe/train.eki-ood.src" ]; then
-    stage_binarize "$OUT/bin-eki-ood" eki-ood.src --srcdict "$OUT/bin-eki/dict.eki.src.txt"
+    stage_binarize "$OUT/bin-eki-ood" eki-ood.${wp}src --srcdict "$OUT/bin-eki/dict.eki.${wp}src.txt"
     eki_bins+=(bin-eki-ood)
   else
     rm -rf "$OUT/bin-eki-ood"
   fi
   for d in "${eki_bins[@]}"; do  # the tasks read SPLIT.src-tgt.*: name the source side 'src'
-    for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.src/src/g')"; done
+    for f in "$OUT/$d"/*eki*; do mv "$f" "$(echo "$f" | sed -E 's/eki(-ood)?\.(wp\.)?src/src/g')"; done
   done
+  [ -z "$ENCODER" ] || wp_names "$OUT/bin"
   # shellcheck disable=SC2046
-  [ -n "$PRETRAINED" ] || for d in bin "${eki_bins[@]}"; do stage_constraints concepts "$OUT/$d" src $(eval_splits); done
+  [ -n "$PRETRAINED" ] || for d in "${bins[@]}" "${eki_bins[@]}"; do
+    stage_constraints concepts "$OUT/$d" src $(eval_splits)
+  done
 fi
 if stage 5; then
   need_binarized train valid
@@ -254,7 +298,9 @@ if stage 5; then
     echo "== stage 5: fine-tune $PRETRAINED/model.pt as $NAME (--arch $ARCH $ARCH_ARGS on $INPUT) -> $RUN"
     stage_finetune "$PRETRAINED/model.pt"
   else
-    echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $LAYERS+$LAYERS layers x $DIM) -> $RUN"
+    sizes="$LAYERS+$LAYERS layers x $DIM"
+    [ -z "$ENCODER" ] || sizes="the encoder of $ENCODER, $LAYERS decoder layers x $DIM"
+    echo "== stage 5: train $NAME (--arch $ARCH $ARCH_ARGS on $INPUT; $sizes) -> $RUN"
     stage_train
   fi
 fi

@@ -125,19 +125,21 @@ stage_bpe() {
   done
 }
 
-# stage_binarize DEST SRCLANG [fairseq-preprocess args]: binarize bpe/{train,valid}.{SRCLANG,tgt} and the extra
-# evaluation splits bpe/SPLIT.{SRCLANG,tgt} (extra_splits) into DEST, in one fairseq-preprocess (the dictionary is
-# built from train alone; fairseq names the extra splits test, test1...: they are renamed SPLIT.*, which fairseq's
-# tasks load by name: --gen-subset SPLIT)
+# stage_binarize DEST SRCLANG [--separate-dictionaries] [fairseq-preprocess args]: binarize
+# bpe/{train,valid}.{SRCLANG,tgt} and the extra evaluation splits bpe/SPLIT.{SRCLANG,tgt} (extra_splits) into DEST, in
+# one fairseq-preprocess (one dictionary for both sides unless --separate-dictionaries, built from train alone; fairseq
+# names the extra splits test, test1...: they are renamed SPLIT.*, which fairseq's tasks load by name: --gen-subset
+# SPLIT)
 stage_binarize() {
-  local dest=$1 src=$2 split tmp f name i=0 extra testpref=(); shift 2
+  local dest=$1 src=$2 split tmp f name i=0 extra testpref=() joined=(--joined-dictionary); shift 2
+  if [ "${1:-}" = --separate-dictionaries ]; then joined=(); shift; fi
   mapfile -t extra < <(extra_splits)
   for split in train valid "${extra[@]}"; do same_lines "$OUT/bpe/$split.$src" "$OUT/bpe/$split.tgt"; done
   [ ${#extra[@]} -eq 0 ] || testpref=(--testpref "$(printf "$OUT/bpe/%s," "${extra[@]}" | sed 's/,$//')")
   # into a temporary folder that replaces DEST only when fairseq-preprocess succeeded
   tmp="$(dirname "$dest")/.tmp-$$-$(basename "$dest")"
   rm -rf "$tmp"
-  $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt --joined-dictionary \
+  $BIN/fairseq-preprocess --source-lang "$src" --target-lang tgt ${joined[@]+"${joined[@]}"} \
     --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" "${testpref[@]}" "$@" --destdir "$tmp" --workers 2 \
     > "$dest.log" 2>&1 || { rm -rf "$tmp"; echo "fairseq-preprocess failed: see $dest.log"; return 1; }
   mkdir "$tmp/named"
@@ -166,15 +168,48 @@ stage_constraints() {
   done
 }
 
+# ENCODER=DIR (a folder python -m fairseq_knowgen.convert.hf_bert wrote): a released BERT as the encoder (the recipes
+# then write under OUT/encoder-NAME). stage_wordpiece writes the source as the BERT reads it, encoder_dictionary the
+# source's dictionary (or one for both sides), stage_binarize --separate-dictionaries keeps the target's own,
+# stage_train starts the encoder from DIR (--encoder-pretrained: the BERT's sizes; the decoder's LAYERS x DIM, its
+# input and output embeddings shared; FREEZE_ENCODER=1 adds --freeze-encoder).
+
+# stage_wordpiece [--no-cls] FILE...: bpe/NAME.wp.src for each raw/NAME.src: its WordPiece of ENCODER (python -m
+# fairseq_knowgen.prep.wordpiece: <s> first unless --no-cls, the package's symbols kept whole)
+stage_wordpiece() {
+  local cls=() f pairs=()
+  if [ "$1" = --no-cls ]; then cls=(--no-cls); shift; fi
+  for f in "$@"; do pairs+=("$OUT/raw/$f" "$OUT/bpe/${f%.src}.wp.src"); done
+  $PY -m fairseq_knowgen.prep.wordpiece "$ENCODER" "${pairs[@]}" ${cls[@]+"${cls[@]}"}
+}
+
+# encoder_dictionary OUT_FILE FILE...: ENCODER's dict.txt (its rows in its order), then <sep> and every other token of
+# bpe/FILE... it lacks (the package's symbols; with the target's file, its tokens: one dictionary for both sides)
+encoder_dictionary() {
+  local out=$1 f files=(); shift
+  for f in "$@"; do files+=("$OUT/bpe/$f"); done
+  $PY -m fairseq_knowgen.convert.extend_dictionary "$ENCODER" "$out" --add '<sep>' --add-from "${files[@]}"
+}
+
+# wp_names DIR: a WordPiece source binarized as language NAME.wp.src takes the names the tasks read (SPLIT.src-tgt.*)
+wp_names() {
+  local f
+  for f in "$1"/*wp.src*; do mv "$f" "$(echo "$f" | sed -E 's/(eki(-ood)?\.)?wp\.src/src/g')"; done
+}
+
 # stage_train: fairseq-train $ARCH on $DATA_BIN into $RUN/checkpoints within MINUTES (and MAX_UPDATE if > 0);
 # fails (with the log's last lines) when fairseq-train fails (train_logged)
 stage_train() {
+  local encoder=(--share-all-embeddings --encoder-layers "$LAYERS" --encoder-embed-dim "$DIM"
+    --encoder-ffn-embed-dim $((4 * DIM)) --encoder-attention-heads "$HEADS")
+  if [ -n "${ENCODER:-}" ]; then
+    encoder=(--encoder-pretrained "$ENCODER" --share-decoder-input-output-embed)
+    [ "${FREEZE_ENCODER:-0}" = 0 ] || encoder+=(--freeze-encoder)
+  fi
   # shellcheck disable=SC2086
   train_logged "$RUN" "$DATA_BIN" --seed "$SEED" $TASK_ARGS \
-    --arch "$ARCH" $ARCH_ARGS --share-all-embeddings \
-    --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
-    --encoder-ffn-embed-dim $((4 * DIM)) --decoder-ffn-embed-dim $((4 * DIM)) \
-    --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout "$DROPOUT" \
+    --arch "$ARCH" $ARCH_ARGS "${encoder[@]}" --decoder-layers "$LAYERS" --decoder-embed-dim "$DIM" \
+    --decoder-ffn-embed-dim $((4 * DIM)) --decoder-attention-heads "$HEADS" --dropout "$DROPOUT" \
     --criterion "$CRITERION" $CRITERION_ARGS \
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
     --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --stop-time-hours "$(hours "$MINUTES")" --log-interval 100 \

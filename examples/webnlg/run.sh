@@ -39,8 +39,20 @@
 #                  SPLIT[.cons][.DECODE_NAME][.last|.avgN].out; choose between them on dev, never on a test split
 #       LR=1e-3 WARMUP=1000 DROPOUT=0.2 MAX_TOKENS=4096 SEED=1   training (adam, inverse square root schedule)
 #       KEEP_EPOCHS=0   K > 0: keep the last K epoch checkpoints (for CHECKPOINT=avgN)
+#       ENCODER=DIR   a released BERT as the encoder (Rothe et al. 2020's BERT2RND; docs/methods/pretrained_encoder.md):
+#                  DIR is the folder python -m fairseq_knowgen.convert.hf_bert HF_DIR DIR writes. Everything goes under
+#                  OUT_DIR/encoder-NAME (NAME: DIR's name). Stage 2 also writes each source as the BERT reads it
+#                  (bpe/SPLIT.wp.src: python -m fairseq_knowgen.prep.wordpiece, <s> first, <ent-K> kept whole); the
+#                  target keeps its words and placeholders (or BPE). Stage 3 binarizes those sources with DIR's
+#                  dictionary grown with <ent-K>: bin/ beside the target's own dictionary, and for an ARCH with the copy
+#                  head bin-one/, one dictionary for both sides, DIR's grown with the target's tokens
+#                  (convert.extend_dictionary; CONSTRAINTS=1 reads the entities from bpe/SPLIT.src, as before). Stage 4
+#                  trains with --encoder-pretrained DIR (the BERT's sizes; the decoder's LAYERS x DIM, its input and
+#                  output embeddings shared; FREEZE_ENCODER=1: --freeze-encoder). ARCH=transformer is then
+#                  transformer_pretrained_encoder; transformer_dimattn and copy_transformer take it as they are.
 #   Examples:
 #       bash examples/webnlg/run.sh DATA
+#       ENCODER=minilm bash examples/webnlg/run.sh DATA   # the same with minilm's encoder
 #       NAME=dimattn ARCH=transformer_dimattn STAGE=4 bash examples/webnlg/run.sh DATA
 #       NAME=copy-force ARCH=copy_transformer_small CRITERION=force_copy \
 #           CRITERION_ARGS="--copy-supervision force" STAGE=4 bash examples/webnlg/run.sh DATA
@@ -72,11 +84,21 @@ GEN_ARGS=$([ "$ENTITY_ONCE" = 1 ] && echo "--at-most-once <ent-\d+>" || true)
 if [ "$ENTITIES" = 1 ] && [ "$BPE_OPS" -gt 0 ]; then
   echo "ENTITIES=1 needs BPE_OPS=0 (BPE would split the <ent-K> tokens)"; exit 2
 fi
+ENCODER=${ENCODER:+$(realpath -m "$ENCODER")}
+if [ -n "$ENCODER" ]; then  # a converted BERT as the encoder: its own folder of outputs
+  for f in model.pt dict.txt; do [ -f "$ENCODER/$f" ] || { echo "ENCODER=$ENCODER has no $f: give the folder" \
+    "python -m fairseq_knowgen.convert.hf_bert HF_DIR DIR writes"; exit 2; }; done
+  OUT=$OUT/encoder-$(basename "$ENCODER")
+  [ "$ARCH" != transformer ] || ARCH=transformer_pretrained_encoder
+fi
 cd "$ROOT"
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 RUN=$OUT/runs/$NAME
 DATA_BIN=$OUT/bin
+# ENCODER: bin/ has the target's own dictionary beside the BERT's; an ARCH with the copy head reads bin-one/ (one
+# dictionary for both sides)
+[ -z "$ENCODER" ] || [[ "$ARCH" != copy_* ]] || DATA_BIN=$OUT/bin-one
 mkdir -p "$OUT"
 . "$ROOT/examples/lib/stages.sh"
 
@@ -105,7 +127,14 @@ if stage 2; then
       --splits "$OUT/raw/train" $(for s in $(eval_splits); do echo "$OUT/raw/$s"; done) \
       --min-count "$MIN_COUNT" --max-positions 200
   fi
+  if [ -n "$ENCODER" ]; then
+    echo "== stage 2: the sources as $ENCODER reads them (its WordPiece) -> $OUT/bpe/SPLIT.wp.src"
+    # shellcheck disable=SC2046
+    stage_wordpiece train.src $(for s in $(eval_splits); do echo "$s.src"; done)
+  fi
 fi
+# placeholder_symbols: the <ent-K> and <unk-N> of bpe/dict.txt, one a line (none with BPE)
+placeholder_symbols() { [ ! -f "$OUT/bpe/dict.txt" ] || grep -oE '^<(ent|unk)-[0-9]+>' "$OUT/bpe/dict.txt" || true; }
 # need_binarized SPLIT...: DATA_BIN holds the dictionary and each SPLIT (stage 3)
 need_binarized() {
   local split
@@ -116,13 +145,29 @@ if stage 3; then
   for split in train $(eval_splits); do needs 2 encode "$OUT/bpe/$split.src" "$OUT/bpe/$split.tgt"; done
   [ "$BPE_OPS" -gt 0 ] || needs 2 encode "$OUT/bpe/dict.txt"
   echo "== stage 3: fairseq-preprocess -> $OUT/bin (splits: train valid $(extra_splits | xargs))"
-  if [ "$BPE_OPS" -gt 0 ]; then
+  if [ -n "$ENCODER" ]; then  # the BERT's sources: its dictionary grown with <ent-K>; the target's own, or one for both
+    # every <ent-K> and <unk-N> of bpe/dict.txt (the splits beyond train may have more than train has)
+    into "$OUT/bpe/placeholders.txt" placeholder_symbols
+    encoder_dictionary "$OUT/bpe/dict.encoder-src.txt" train.wp.src placeholders.txt
+    tgt=()
+    [ "$BPE_OPS" -gt 0 ] || tgt=(--tgtdict "$OUT/bpe/dict.txt")  # every <unk-N>, as without ENCODER
+    stage_binarize "$OUT/bin" wp.src --separate-dictionaries --srcdict "$OUT/bpe/dict.encoder-src.txt" \
+      ${tgt[@]+"${tgt[@]}"}
+    wp_names "$OUT/bin"
+    if [ "$DATA_BIN" = "$OUT/bin-one" ]; then
+      encoder_dictionary "$OUT/bpe/dict.encoder.txt" train.wp.src placeholders.txt train.tgt
+      stage_binarize "$DATA_BIN" wp.src --srcdict "$OUT/bpe/dict.encoder.txt"
+      wp_names "$DATA_BIN"
+    fi
+  elif [ "$BPE_OPS" -gt 0 ]; then
     stage_binarize "$DATA_BIN" src
   else
     stage_binarize "$DATA_BIN" src --srcdict "$OUT/bpe/dict.txt"
   fi
   # shellcheck disable=SC2046
   stage_constraints entities "$DATA_BIN" src $(eval_splits)  # every source entity, as encoded (CONSTRAINTS=1)
+  # shellcheck disable=SC2046
+  [ "$DATA_BIN" = "$OUT/bin" ] || stage_constraints entities "$OUT/bin" src $(eval_splits)
 fi
 if stage 4; then
   need_binarized train valid
@@ -130,7 +175,9 @@ if stage 4; then
   if [[ "$ARCH" == transformer_pointer_generator* ]]; then
     ARCH_ARGS="$($PY -m fairseq_knowgen.prep.position_markers "$DATA_BIN") $ARCH_ARGS"
   fi
-  echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $LAYERS+$LAYERS layers x $DIM; $MINUTES min) -> $RUN"
+  sizes="$LAYERS+$LAYERS layers x $DIM"
+  [ -z "$ENCODER" ] || sizes="the encoder of $ENCODER, $LAYERS decoder layers x $DIM"
+  echo "== stage 4: train $NAME (--arch $ARCH $ARCH_ARGS; $sizes; $MINUTES min) -> $RUN"
   stage_train
 fi
 if stage 5; then

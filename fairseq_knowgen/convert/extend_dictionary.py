@@ -30,7 +30,9 @@ command stops with ``error: FILE: ...`` and exit status 2 on a checkpoint or ``d
 cannot be read (cut short, refused by weights-only loading), and replaces an earlier OUT only with
 a complete file.
 
-The task dictionary of a released BART folder (``model.pt``, ``dict.txt``)::
+The task dictionary of a released BART folder (``model.pt``, ``dict.txt``), or of a BERT folder that
+``python -m fairseq_knowgen.convert.hf_bert`` wrote (``--encoder-pretrained``; ``--add-from`` adds the tokens of
+text files, e.g. the target side's BPE when source and target share one dictionary)::
 
     python -m fairseq_knowgen.convert.extend_dictionary bart.large OUT/dict.txt --add '<sep>'
 
@@ -176,14 +178,39 @@ def upgrade_pretrained_bart(model, state_dict: Dict[str, Tensor], name: str, par
     grow_embeddings(state_dict, model.encoder.dictionary, [prefix + k for k in EMBEDDING_KEYS])
 
 
+# the source embedding of a fairseq encoder-decoder (BART) and of a converted BERT (convert.hf_bert)
+EMBEDDING_TABLES = ("encoder.embed_tokens.weight", "encoder.sentence_encoder.embed_tokens.weight")
+
+
+def text_tokens(path: str) -> List[str]:
+    """The space-separated tokens of a text file, each once, in first-seen order."""
+    if not os.path.isfile(path):
+        raise DataError(path, 0, "no such file")
+    seen = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            for token in line.split():
+                seen.setdefault(token, None)
+    return list(seen)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint_dir", help="folder with the checkpoint's model.pt and dict.txt (a released bart.*)")
     p.add_argument("out", help="the task dictionary to write (fairseq dict.txt format)")
     p.add_argument("--add", nargs="+", default=[], metavar="SYMBOL", help="symbols the task needs, e.g. '<sep>'")
+    p.add_argument(
+        "--add-from",
+        nargs="+",
+        default=[],
+        metavar="TEXT",
+        help="also every token of these text files (split on spaces) that the checkpoint lacks, in first-seen order "
+        "(e.g. the target side's BPE, for one dictionary shared by a BERT source and the target)",
+    )
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name in CHECKPOINT_DIR (model.pt)")
     a = p.parse_args(argv)
     from .downloads import read_fairseq_checkpoint, read_fairseq_dictionary
+    from .fairseq_legacy import some_names
 
     ckpt, dict_path = os.path.join(a.checkpoint_dir, a.checkpoint), os.path.join(a.checkpoint_dir, "dict.txt")
     for path in (ckpt, dict_path):
@@ -192,12 +219,14 @@ def main(argv=None):
     check_writable(a.out)
     d = read_fairseq_dictionary(dict_path)
     model = read_fairseq_checkpoint(ckpt)["model"]
-    if "encoder.embed_tokens.weight" not in model:
-        raise DataError(ckpt, 0, "no encoder.embed_tokens.weight: not a fairseq encoder-decoder checkpoint")
-    old = pretrained_symbols(dict_path, model["encoder.embed_tokens.weight"].size(0))
-    new = extended_symbols(old, a.add)
+    key = next((k for k in EMBEDDING_TABLES if k in model), None)
+    if key is None:
+        raise DataError(ckpt, 0, f"no {' or '.join(EMBEDDING_TABLES)}: not a fairseq encoder-decoder or converted BERT")
+    old = pretrained_symbols(dict_path, model[key].size(0))
+    new = extended_symbols(old, list(a.add) + [t for path in a.add_from for t in text_tokens(path)])
     write_dictionary(a.out, new, dict(zip(d.symbols, d.count)))
-    print(f"{a.out}: {len(old)} symbols of the checkpoint (rows kept), {len(new) - len(old)} new: {new[len(old):]}")
+    added = some_names(new[len(old) :])
+    print(f"{a.out}: {len(old)} symbols of the checkpoint (rows kept), {len(new) - len(old)} new: {added}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,11 @@ character ends a line and nothing is stripped, so Google's Chinese vocabulary ke
   (``encoder_normalize_before`` off, ``layernorm_embedding`` on, ``--activation-fn gelu``); its
   sizes, LayerNorm epsilon (1e-12) and segment count (2) are in the args, and ``--kbert-pretrained``
   takes them when the flags leave them unset. BERT's pooler, masked-LM and next-sentence heads
-  are not converted (K-BERT fine-tunes its own heads).
+  are not converted (K-BERT fine-tunes its own heads). ``--encoder-pretrained`` reads the same file
+  (:mod:`fairseq_knowgen.models.pretrained_encoder`);
+- ``OUT_DIR/config.json`` and the tokenizer files the folder has (``tokenizer.json``, ``vocab.txt``,
+  ``tokenizer_config.json``, ``special_tokens_map.json``), copied as they are: what
+  ``python -m fairseq_knowgen.prep.wordpiece OUT_DIR ...`` tokenizes the source with.
 
 A vocabulary whose size is not ``config.json``'s ``vocab_size`` belongs to another model (Chinese
 BERT's 21,128 tokens beside an English BERT's 30,522 rows would leave 9,394 rows without a token) and
@@ -69,6 +73,7 @@ import argparse
 import collections
 import io
 import os
+import shutil
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -91,7 +96,9 @@ FAIRSEQ_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 STAND_IN = "<bert-id-{}>"  # the dict.txt name of a BERT row whose token a dict.txt line cannot name
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_accurate", "gelu_pytorch_tanh": "gelu_accurate", "relu": "relu"}
 PREFIX = "encoder.sentence_encoder."
-OUTPUTS = ("model.pt", "dict.txt")  # what a conversion replaces in OUT_DIR (other files there are kept)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# what a conversion replaces in OUT_DIR (other files there are kept)
+OUTPUTS = ("model.pt", "dict.txt", "config.json") + TOKENIZER_FILES
 
 
 def read_vocab_txt(path: str) -> List[str]:
@@ -326,6 +333,9 @@ def convert(hf_dir: str, out_dir: str, allow_vocab_mismatch: bool = False) -> st
             "last_optimizer_state": None,
         }
         checkpoint_utils.torch_persistent_save(ckpt, os.path.join(tmp, "model.pt"))
+        for name in ("config.json",) + TOKENIZER_FILES:  # the tokenizer, for prep.wordpiece; the model's config
+            if os.path.isfile(os.path.join(hf_dir, name)):
+                shutil.copyfile(os.path.join(hf_dir, name), os.path.join(tmp, name))
     path = os.path.join(out_dir, "model.pt")
     standins = sum(dictionary[i].startswith("<bert-id-") for i in range(len(dictionary)))
     print(

@@ -77,6 +77,7 @@ from torch import Tensor
 
 from ..modules.copy_generator import CopyGenerator, copyable_mask, full_mixture
 from .dimattn import add_dimattn_args, dimattn_defaults, install_diminishing_attention
+from .pretrained_encoder import PretrainedEncoderMixin, add_encoder_pretrained_args, uses_pretrained_encoder
 
 PLACEHOLDER = re.compile(r"^<unk-\d+>$")
 COPY_ALPHA = ("raw", "renormalized")
@@ -388,8 +389,9 @@ class CopyTransformerDecoder(CopyDecoderMixin, TransformerDecoderBase):
 
 
 @register_model("copy_transformer")
-class CopyTransformerModel(TransformerModel):
-    """Transformer + pointer-generator copy head (force-copy paper; See et al., 2017)."""
+class CopyTransformerModel(PretrainedEncoderMixin, TransformerModel):
+    """Transformer + pointer-generator copy head (force-copy paper; See et al., 2017).
+    ``--encoder-pretrained``: a released BERT as its encoder (:mod:`.pretrained_encoder`)."""
 
     @staticmethod
     def add_args(parser):
@@ -397,6 +399,7 @@ class CopyTransformerModel(TransformerModel):
         add_copy_args(parser)
         add_p_vocab_arg(parser)
         add_dimattn_args(parser)
+        add_encoder_pretrained_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -426,6 +429,8 @@ class CopyTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
+        if uses_pretrained_encoder(args):  # BERT's, which keeps src_tokens too
+            return super().build_encoder(args, src_dict, embed_tokens)
         return SourceKeepingEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
     @classmethod

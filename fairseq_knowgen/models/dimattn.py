@@ -38,6 +38,7 @@ from ..modules.diminishing_attention import (
     check_slower_diminishing,
     parse_concave,
 )
+from .pretrained_encoder import PretrainedEncoderMixin, add_encoder_pretrained_args
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +155,15 @@ class DimAttnMixin:
 
 
 @register_model("transformer_dimattn")
-class DimAttnTransformerModel(DimAttnMixin, TransformerModel):
-    """Transformer with diminishing cross-attention (Han, Lin and Joty); see module docstring."""
+class DimAttnTransformerModel(PretrainedEncoderMixin, DimAttnMixin, TransformerModel):
+    """Transformer with diminishing cross-attention (Han, Lin and Joty); see module docstring.
+    ``--encoder-pretrained``: a released BERT as its encoder (:mod:`.pretrained_encoder`)."""
 
     @staticmethod
     def add_args(parser):
         TransformerModel.add_args(parser)
         add_dimattn_args(parser)
+        add_encoder_pretrained_args(parser)
 
 
 @register_model("bart_dimattn")

@@ -35,8 +35,6 @@ import torch
 import torch.nn.functional as F
 from fairseq import utils
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
-from fairseq.models.transformer import TransformerModel
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from torch import Tensor, nn
 
@@ -115,7 +113,16 @@ class KBertEncoder(FairseqEncoder):
             return ~padding_mask.unsqueeze(1)
         return visible_matrix(branch_ids, mention_ids, padding_mask)
 
-    def forward(self, src_tokens, soft_positions=None, branch_ids=None, mention_ids=None, segment_ids=None, **unused):
+    def forward(
+        self,
+        src_tokens,
+        soft_positions=None,
+        branch_ids=None,
+        mention_ids=None,
+        segment_ids=None,
+        token_embeddings=None,
+        **unused,
+    ):
         """
         Args:
             src_tokens: B x T (right-padded flattened sentence trees)
@@ -123,6 +130,7 @@ class KBertEncoder(FairseqEncoder):
                 ``None`` means a plain sentence (positions 0..T-1, all trunk)
             segment_ids: B x T segment (token-type) ids: 0 for ``<s>`` a ``</s>``, 1 for b ``</s>`` of a
                 sentence pair; read when the encoder has segment embeddings; ``None``: all 0
+            token_embeddings: B x T x C, used instead of ``embed_tokens(src_tokens)`` when given
 
         Returns:
             dict with ``encoder_out`` [T x B x C] and ``encoder_padding_mask`` [B x T]
@@ -134,7 +142,8 @@ class KBertEncoder(FairseqEncoder):
             branch_ids = torch.zeros_like(src_tokens)
             mention_ids = torch.zeros_like(src_tokens)
         positions = (soft_positions + self.padding_idx + 1).masked_fill(padding_mask, self.padding_idx)
-        x = self.embed_tokens(src_tokens) + self.embed_positions(positions)  # B x T x C
+        tok = self.embed_tokens(src_tokens) if token_embeddings is None else token_embeddings
+        x = tok + self.embed_positions(positions)  # B x T x C
         if self.segment_embeddings is not None:
             x = x + self.segment_embeddings(segment_ids if segment_ids is not None else torch.zeros_like(src_tokens))
         if self.layernorm_embedding is not None:
@@ -421,61 +430,3 @@ def kbert_small_architecture(args):
     if getattr(args, "pooler_dropout", None) is None:
         args.pooler_dropout = 0.1  # the recipe's CPU-sized runs (docs/results/kbert.md) were measured with it
     kbert_base_architecture(args)
-
-
-@register_model("kbert_transformer")
-class KBertTransformerModel(TransformerModel):
-    """A transformer whose encoder is K-BERT's (Liu et al., 2020): the source is a sentence tree
-    (knowledge injected by the ``kbert_translation`` task) read with soft positions and the
-    visible matrix; the decoder is fairseq's, with incremental decoding, attending to every
-    encoder state (sentence and knowledge tokens alike). Beyond the paper, which only encodes."""
-
-    @staticmethod
-    def add_args(parser):
-        TransformerModel.add_args(parser)
-        parser.add_argument("--no-visible-matrix", action="store_true", help="ablation: no mask-self-attention")
-        parser.add_argument("--no-soft-positions", action="store_true", help="ablation: hard positions")
-
-    @classmethod
-    def build_model(cls, args, task):
-        """fairseq's transformer with its encoder replaced by :class:`KBertEncoder` (same,
-        possibly shared, token embedding)."""
-        kbert_transformer_architecture(args)
-        model = super().build_model(args, task)
-        embed_tokens = model.encoder.embed_tokens
-        model.encoder = KBertEncoder(args, task.source_dictionary, embed_tokens, args.max_source_positions)
-        return model
-
-    def forward(
-        self,
-        src_tokens,
-        src_lengths,
-        prev_output_tokens,
-        soft_positions=None,
-        branch_ids=None,
-        mention_ids=None,
-        return_all_hiddens: bool = True,
-        features_only: bool = False,
-        alignment_layer=None,
-        alignment_heads=None,
-    ):
-        encoder_out = self.encoder(src_tokens, soft_positions, branch_ids, mention_ids)
-        return self.decoder(
-            prev_output_tokens,
-            encoder_out=encoder_out,
-            features_only=features_only,
-            alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-            src_lengths=src_lengths,
-            return_all_hiddens=return_all_hiddens,
-        )
-
-
-@register_model_architecture("kbert_transformer", "kbert_transformer")
-def kbert_transformer_architecture(args):
-    """fairseq's ``transformer`` sizes (use the recipe's LAYERS/DIM/HEADS); post-LN encoder with an
-    embedding layer norm, as BERT; learned (soft) positions."""
-    args.num_segments = getattr(args, "num_segments", None) or 0
-    args.no_visible_matrix = getattr(args, "no_visible_matrix", False) or False
-    args.no_soft_positions = getattr(args, "no_soft_positions", False) or False
-    transformer_base_architecture(args)

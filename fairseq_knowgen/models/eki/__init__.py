@@ -66,7 +66,7 @@ The package, as fairseq's ``models/transformer/``: :mod:`.config` (the flags, th
 
 from .config import EKI_DEFAULTS, EKI_UNCOPYABLE, NEW_PARAMETER_PREFIXES, add_eki_args, eki_defaults
 from .decoder import DiminishingPositionIndicatorAttention, EKICopyDecoder, EKIDecoder
-from .encoder import EKIEncoder
+from .encoder import EKIBertEncoder, EKIEncoder, EKIEncoderMixin
 from .model import (
     EKIBARTModel,
     EKIMixin,
@@ -83,6 +83,8 @@ __all__ = [
     "add_eki_args",
     "eki_defaults",
     "EKIEncoder",
+    "EKIEncoderMixin",
+    "EKIBertEncoder",
     "EKIDecoder",
     "EKICopyDecoder",
     "DiminishingPositionIndicatorAttention",

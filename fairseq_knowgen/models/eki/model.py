@@ -13,7 +13,8 @@ from ..copy_transformer import add_copy_args, copy_defaults, dimattn_at_copy_lay
 from ..dimattn import add_dimattn_args, dimattn_defaults
 from .config import NEW_PARAMETER_PREFIXES, add_eki_args, check_shared_dictionary, eki_defaults
 from .decoder import EKICopyDecoder, EKIDecoder
-from .encoder import EKIEncoder
+from ..pretrained_encoder import PretrainedEncoderMixin, add_encoder_pretrained_args, uses_pretrained_encoder
+from .encoder import EKIBertEncoder, EKIEncoder
 
 
 class EKIMixin:
@@ -43,6 +44,8 @@ class EKIMixin:
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         eki_defaults(args)
+        if uses_pretrained_encoder(args):
+            return EKIBertEncoder(args, src_dict, embed_tokens)
         return EKIEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, args)
 
     @classmethod
@@ -83,8 +86,8 @@ class EKIMixin:
 
 
 @register_model("eki_transformer")
-class EKITransformerModel(EKIMixin, TransformerModel):
-    """EKI on a transformer trained from scratch."""
+class EKITransformerModel(EKIMixin, PretrainedEncoderMixin, TransformerModel):
+    """EKI on a transformer trained from scratch, or on a released BERT's encoder (``--encoder-pretrained``)."""
 
     @staticmethod
     def add_args(parser):
@@ -92,6 +95,7 @@ class EKITransformerModel(EKIMixin, TransformerModel):
         add_eki_args(parser)
         add_copy_args(parser, switch=True)
         add_dimattn_args(parser)
+        add_encoder_pretrained_args(parser)
 
 
 @register_model("eki_bart")

@@ -8,8 +8,11 @@
 - :mod:`.exact_resume`: a resumed run trains on the batches of an uninterrupted one;
 - :mod:`.clean_exit`: no abort at exit from fairseq's prefetch thread;
 - :mod:`.interactive_input`: fairseq-interactive refuses a bad input line and decodes the others;
-- :mod:`.ngram_block`: ``--no-repeat-ngram-size`` blocks on CPU too.
+- :mod:`.ngram_block`: ``--no-repeat-ngram-size`` blocks on CPU too;
+- :mod:`.self_synced_criterion`: a criterion whose parameters train with their own optimizer (CoCon's
+  discriminator) is not wrapped in fairseq's DDP.
 
-The package's ``__init__`` imports the first four when it registers; the tasks use the last two. Nothing is
+The package's ``__init__`` imports the first four when it registers; the tasks use the next two, the ``cocon``
+criterion the last. Nothing is
 imported here: :mod:`.deferred_registration` must be importable without torch.
 """

@@ -35,6 +35,7 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from ..compat import self_synced_criterion  # noqa: F401  (fairseq's DDP does not wrap this criterion)
 from ..modules.cocon_discriminator import (
     ADV_LOSSES,
     DISCRIMINATORS,
@@ -244,6 +245,10 @@ def ratio(num, den):
 @register_criterion("cocon", dataclass=CoConCriterionConfig)
 class CoConCriterion(FairseqCriterion):
     """CoCon's training losses; see the module docstring."""
+
+    # the discriminator's weights are the criterion's (checkpointed with it) and train with its own optimizer,
+    # which averages their gradients over the ranks: fairseq's DDP wrapper stays off (compat.self_synced_criterion)
+    self_synced = True
 
     def __init__(
         self,

@@ -55,10 +55,14 @@ class DiscriminatorOptimizer(nn.Module):
         self._batches = 0
 
     # fairseq turns the criterion to fp16/bf16 under --fp16/--bf16: these weights stay fp32
-    def half(self):
-        return self
-
-    def bfloat16(self):
+    def _apply(self, fn, recurse: bool = True):
+        """Moves follow the criterion (``.to(device)``, ``.cuda()``); dtype casts do not: fairseq casts the whole
+        criterion with ``--fp16`` / ``--bf16`` (``criterion.half()`` applies the cast to every submodule's
+        tensors), and the discriminator and its AdamW keep float32 weights."""
+        super()._apply(fn, recurse)
+        for t in list(self.discriminator.parameters()) + list(self.discriminator.buffers()):
+            if t.is_floating_point() and t.dtype != torch.float32:
+                t.data = t.data.float()
         return self
 
     def weights(self):

@@ -26,7 +26,7 @@ setup(
     # pip install -e ".[convert,recipes]": none of them pulls another torch
     extras_require={
         # convert.hf_bert / hf_bart / hf_gpt2: read HuggingFace checkpoint folders; prep.wordpiece: a BERT's WordPiece
-        "convert": ["transformers", "tokenizers"],
+        "convert": ["transformers", "tokenizers", "safetensors"],
         "recipes": ["seqeval", "matplotlib"],  # scripts/kbert_score.py (strict IOB2 F1), the coverage plots
     },
     entry_points={"console_scripts": ["knowgen-evaluate=fairseq_knowgen.evaluation.cli:main"]},

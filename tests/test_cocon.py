@@ -1184,3 +1184,21 @@ def test_training_step_and_decoding_steps_make_no_host_device_sync(cocon_data):
         out, _ = block(torch.randn(1, 4, 8, device="meta"), incremental_state=state)
         block.attn.reorder_incremental_state(state, torch.tensor([1, 0, 2, 3], device="meta"))
     assert out.shape == (1, 4, 8)
+
+
+def test_the_discriminator_keeps_its_float32_weights_when_fairseq_casts_the_criterion():
+    """fairseq casts the criterion with --fp16 / --bf16 (``criterion.half()``): the discriminator, trained by its own
+    float32 AdamW, keeps its weights, bit for bit (no round trip through float16); a move (``.to``) still applies."""
+    from fairseq_knowgen.modules.cocon_discriminator import build_discriminator
+    from fairseq_knowgen.optim.discriminator_optimizer import DiscriminatorOptimizer
+
+    torch.manual_seed(3)
+    disc = DiscriminatorOptimizer(build_discriminator("cnn", 16, 8))
+    before = {k: v.detach().clone() for k, v in disc.discriminator.named_parameters()}
+    assert any(not torch.equal(v, v.half().float()) for v in before.values())  # a round trip would show
+    for cast in (torch.nn.Module.half, torch.nn.Module.bfloat16):
+        cast(disc)
+        for k, v in disc.discriminator.named_parameters():
+            assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+    disc.to(torch.device("meta"))
+    assert all(p.device.type == "meta" for p in disc.parameters())

@@ -59,11 +59,12 @@ class DiscriminatorOptimizer(nn.Module):
         """Moves follow the criterion (``.to(device)``, ``.cuda()``); dtype casts do not: fairseq casts the whole
         criterion with ``--fp16`` / ``--bf16`` (``criterion.half()`` applies the cast to every submodule's
         tensors), and the discriminator and its AdamW keep float32 weights."""
-        super()._apply(fn, recurse)
-        for t in list(self.discriminator.parameters()) + list(self.discriminator.buffers()):
-            if t.is_floating_point() and t.dtype != torch.float32:
-                t.data = t.data.float()
-        return self
+
+        def move_only(t):
+            moved = fn(t)
+            return moved if moved.dtype == t.dtype else t.to(moved.device)  # the cast dropped, unrounded
+
+        return super()._apply(move_only, recurse)
 
     def weights(self):
         """A name -> tensor dict of the weights, each a fresh leaf that requires gradients (for one
